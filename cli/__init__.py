@@ -1,0 +1,1 @@
+"""The `llmctl` command line: thin Typer commands over library functions."""

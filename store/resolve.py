@@ -1,0 +1,80 @@
+"""Turn a MODEL argument into a GGUF file: a path, a store name, or a
+models.toml name whose offline source (a PyPI package) can provide it."""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmctl import config
+from llmctl.errors import ModelNotFound
+from llmctl.store.gguf_info import check_magic
+from llmctl.store.index import ModelEntry, StoreIndex
+from llmctl.store.registry import RegistryModel, load_registry
+
+
+@dataclass
+class ResolvedModel:
+    name: str
+    path: Path
+    context: int | None = None          # registry default; None = model's own
+    template: str | None = None         # chat-template override
+    entry: ModelEntry | None = None
+
+
+def default_model_name() -> str:
+    return config.env("MODEL") or load_registry().default
+
+
+def _package_file(spec: RegistryModel) -> Path | None:
+    """Locate (or assemble) the file an offline package ships, without
+    importing packages that only carry data."""
+    found = importlib.util.find_spec(spec.package) if spec.package else None
+    if found is None or not found.submodule_search_locations:
+        return None
+    pkg_dir = Path(list(found.submodule_search_locations)[0])
+    if spec.assemble:
+        target = config.models_dir() / spec.name / (spec.file or f"{spec.name}.gguf")
+        if not target.exists():
+            import importlib
+
+            importlib.import_module(spec.package).assemble(target)
+        return target
+    path = pkg_dir / (spec.package_file or spec.file or "")
+    return path if path.is_file() else None
+
+
+def _suggest(name: str, index: StoreIndex) -> str:
+    known = set(load_registry().models) | {e.name for e in index.list()}
+    close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return f"unknown model {name!r}{hint} (see `llmctl list`)"
+
+
+def resolve_model(ref: str | None, index: StoreIndex | None = None) -> ResolvedModel:
+    index = index or StoreIndex()
+    ref = ref or default_model_name()
+    registry = load_registry()
+    spec = registry.get(ref)
+    path = Path(ref).expanduser()
+    if path.suffix == ".gguf" or path.is_file() or "/" in ref and path.exists():
+        if not path.exists():
+            raise ModelNotFound(f"model file not found: {path}")
+        check_magic(path)
+        return ResolvedModel(name=path.stem, path=path)
+    entry = index.get(ref)
+    if entry is not None and Path(entry.path).is_file():
+        return ResolvedModel(name=ref, path=Path(entry.path),
+                             context=spec.context if spec else None,
+                             template=spec.template if spec else None, entry=entry)
+    if spec is not None:
+        file = _package_file(spec)
+        if file is None:
+            raise ModelNotFound(f"model {ref!r} is not downloaded; run `llmctl pull {ref}`")
+        entry = index.register_file(ref, file, source=f"pypi:{spec.package}",
+                                    owned=spec.assemble)
+        return ResolvedModel(name=ref, path=file, context=spec.context,
+                             template=spec.template, entry=entry)
+    raise ModelNotFound(_suggest(ref, index))
