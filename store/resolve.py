@@ -4,6 +4,7 @@ models.toml name whose offline source (a PyPI package) can provide it."""
 from __future__ import annotations
 
 import difflib
+import importlib
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +39,7 @@ def _package_file(spec: RegistryModel) -> Path | None:
     if spec.assemble:
         target = config.models_dir() / spec.name / (spec.file or f"{spec.name}.gguf")
         if not target.exists():
-            import importlib
-
+            # Assembling packages are code, not data: importing is their API.
             importlib.import_module(spec.package).assemble(target)
         return target
     path = pkg_dir / (spec.package_file or spec.file or "")

@@ -1,0 +1,99 @@
+"""`llmctl list`, `llmctl show MODEL` and `llmctl rm MODEL`."""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+from typing_extensions import Annotated
+
+from llmctl.cli import options as o
+from llmctl.cli.common import handle_errors, out, print_json
+from llmctl.store.manage import list_models, remove_model, show_model
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def human_count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+@handle_errors
+def list_cmd(json: o.Json = False) -> None:
+    """List models in the store, and registry names you can pull.
+
+    Example: llmctl list --json
+    """
+    listing = list_models()
+    if json:
+        print_json({"models": [e.to_dict() for e in listing.local],
+                    "available": listing.available})
+        return
+    table = Table("NAME", "ARCH", "PARAMS", "QUANT", "SIZE", "CONTEXT", "SOURCE",
+                  title="Local models", title_justify="left")
+    for e in listing.local:
+        table.add_row(e.name, e.architecture, human_count(e.parameters), e.quant,
+                      human_bytes(e.size), str(e.context_length), e.source)
+    out.print(table)
+    if listing.available:
+        avail = Table("NAME", "REPO", "DESCRIPTION", title="Available (llmctl pull NAME)",
+                      title_justify="left")
+        for m in listing.available:
+            avail.add_row(m["name"], m["repo"], m["description"])
+        out.print(avail)
+
+
+@handle_errors
+def show(
+    model: o.ModelArg = None,
+    ctx_size: o.CtxSize = None,
+    json: o.Json = False,
+) -> None:
+    """Show a model's metadata and the memory it needs at a context size.
+
+    Example: llmctl show smollm2 --ctx-size 8192
+    """
+    data = show_model(model, ctx_size)
+    if json:
+        print_json(data)
+        return
+    mem = data.pop("memory")
+    table = Table(show_header=False, box=None)
+    for key, value in data.items():
+        if key == "parameters":
+            value = f"{human_count(value)} ({value:,})"
+        elif key == "size":
+            value = human_bytes(value)
+        table.add_row(f"[bold]{key}[/]", str(value))
+    table.add_row("[bold]memory[/]",
+                  f"{human_bytes(mem['total_bytes'])} at ctx {mem['ctx_size']} = weights "
+                  f"{human_bytes(mem['weights_bytes'])} + KV cache {human_bytes(mem['kv_cache_bytes'])}")
+    out.print(table)
+
+
+@handle_errors
+def rm(
+    model: Annotated[str, typer.Argument(help="Name of a model in the store.")],
+    json: o.Json = False,
+) -> None:
+    """Remove a model from the store (its file too, if the store downloaded it).
+
+    Example: llmctl rm qwen2.5-0.5b
+    """
+    entry = remove_model(model)
+    if json:
+        print_json({"removed": entry.name, "path": entry.path, "deleted_file": entry.owned})
+    else:
+        what = "deleted " + entry.path if entry.owned else "file kept: " + entry.path
+        out.print(f"Removed {entry.name} ({what})", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("list")(list_cmd)
+    app.command("show")(show)
+    app.command("rm")(rm)

@@ -1,0 +1,2 @@
+"""The inference runtime: one continuous-batching engine over llama.cpp,
+shared by `chat`, `run` and `serve`."""

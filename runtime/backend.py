@@ -1,0 +1,257 @@
+"""The thin layer over llama.cpp's C API (through llama-cpp-python's ctypes
+bindings). Everything else in the runtime is plain Python; only this file
+touches pointers, batches and samplers."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as lc
+
+from llmctl.errors import BadModelFile, LlmctlError
+from llmctl.runtime.sampling import SamplingParams
+
+_init_lock = threading.Lock()
+_initialized = False
+
+
+_GGML_LOG_LEVEL_ERROR = 4
+
+
+@lc.llama_log_callback
+def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp logs every tensor at load; users only need its errors.
+    try:
+        if level == _GGML_LOG_LEVEL_ERROR or os.environ.get("LLMCTL_LLAMA_LOG"):
+            os.write(2, text)
+    except Exception:  # an exception must never cross back into C
+        pass
+
+
+def init_backend() -> None:
+    global _initialized
+    with _init_lock:
+        if not _initialized:
+            lc.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+            lc.llama_backend_init()
+            _initialized = True
+
+
+def supports_gpu_offload() -> bool:
+    init_backend()
+    return bool(lc.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    init_backend()
+    return lc.llama_print_system_info().decode(errors="replace")
+
+
+class LlamaModel:
+    """A loaded model: weights and vocabulary."""
+
+    def __init__(self, path: str | Path, *, n_gpu_layers: int = 0, vocab_only: bool = False):
+        init_backend()
+        self.path = Path(path)
+        params = lc.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.vocab_only = vocab_only
+        self.ptr = lc.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self.ptr:
+            raise BadModelFile(f"{self.path}: llama.cpp could not load this model "
+                               "(unsupported architecture or damaged file)")
+        self.vocab = lc.llama_model_get_vocab(self.ptr)
+        self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = lc.llama_model_n_ctx_train(self.ptr)
+        self.n_layer = lc.llama_model_n_layer(self.ptr)
+        self.add_bos = bool(lc.llama_vocab_get_add_bos(self.vocab))
+        self.bos = lc.llama_vocab_bos(self.vocab)
+        self.eos = lc.llama_vocab_eos(self.vocab)
+        self._pieces: dict[int, bytes] = {}
+        self.eog_tokens = [t for t in range(self.n_vocab) if lc.llama_vocab_is_eog(self.vocab, t)]
+        self._eog = frozenset(self.eog_tokens)
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode()
+        cap = len(data) + 16
+        buf = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (lc.llama_token * cap)()
+            n = lc.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token; control tokens render as nothing."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = lc.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = lc.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+            cached = self._pieces[token] = buf.raw[:n]
+        return cached
+
+    def token_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        text = lc.llama_vocab_get_text(self.vocab, token)
+        return text.decode(errors="replace") if text else ""
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode(errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return token in self._eog
+
+    def chat_template(self) -> str | None:
+        raw = lc.llama_model_chat_template(self.ptr, None)
+        return raw.decode(errors="replace") if raw else None
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            lc.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    n_ctx_seq: int          # tokens each sequence may hold
+    n_seq_max: int          # sequences decoded together
+    n_batch: int            # most tokens in one llama_decode call
+    n_threads: int
+    flash_attn: bool = True
+
+
+class DecodeError(LlmctlError):
+    pass
+
+
+class LlamaContext:
+    """One llama_context holding the KV of up to n_seq_max sequences.
+
+    Each sequence gets its own KV stream (kv_unified=False): attention then
+    spans only that sequence's cells, which measured faster at batch 16-32
+    than one unified cache whose attention spans every cell."""
+
+    def __init__(self, model: LlamaModel, cfg: ContextConfig):
+        self.model = model
+        self.cfg = cfg
+        params = lc.llama_context_default_params()
+        params.n_ctx = cfg.n_ctx_seq * cfg.n_seq_max
+        params.n_batch = cfg.n_batch
+        params.n_ubatch = min(cfg.n_batch, 512)
+        params.n_seq_max = cfg.n_seq_max
+        params.n_threads = params.n_threads_batch = cfg.n_threads
+        params.flash_attn_type = (lc.LLAMA_FLASH_ATTN_TYPE_AUTO if cfg.flash_attn
+                                  else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        params.kv_unified = False
+        params.no_perf = True
+        self.ptr = lc.llama_init_from_model(model.ptr, params)
+        if not self.ptr:
+            raise LlmctlError("llama.cpp could not create a context (out of memory? "
+                              "try a smaller --ctx-size or --max-num-seqs)")
+        self.mem = lc.llama_get_memory(self.ptr)
+        self.n_ctx_seq = lc.llama_n_ctx_seq(self.ptr)
+        self._batch = lc.llama_batch_init(cfg.n_batch, 0, 1)
+
+    def decode(self, items: list[tuple[int, list[int], int, bool]]) -> list[int]:
+        """Decode one batch. Each item is (seq_id, tokens, first_pos,
+        want_logits); returns, per item, the batch index of its logits row
+        (-1 where none was asked for)."""
+        b = self._batch
+        n = 0
+        rows = []
+        for seq_id, tokens, pos, want in items:
+            for i, tok in enumerate(tokens):
+                b.token[n] = tok
+                b.pos[n] = pos + i
+                b.n_seq_id[n] = 1
+                b.seq_id[n][0] = seq_id
+                b.logits[n] = 0
+                n += 1
+            if want:
+                b.logits[n - 1] = 1
+            rows.append(n - 1 if want else -1)
+        b.n_tokens = n
+        rc = lc.llama_decode(self.ptr, b)
+        if rc != 0:
+            raise DecodeError(f"llama_decode failed (code {rc}): no KV space left or aborted")
+        return rows
+
+    def logits(self, row: int, n_vocab: int):
+        ptr = lc.llama_get_logits_ith(self.ptr, row)
+        return ptr[:n_vocab]
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        return bool(lc.llama_memory_seq_rm(self.mem, seq_id, p0, p1))
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        lc.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def state_get(self, seq_id: int) -> bytes:
+        size = lc.llama_state_seq_get_size(self.ptr, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        written = lc.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
+        return bytes(buf[:written])
+
+    def state_set(self, data: bytes, seq_id: int) -> bool:
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return lc.llama_state_seq_set_data(self.ptr, buf, len(data), seq_id) > 0
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            lc.llama_batch_free(self._batch)
+            lc.llama_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class Sampler:
+    """One llama.cpp sampler chain per sequence: penalties and the seed's RNG
+    state are per-stream, so streams in one batch never disturb each other."""
+
+    def __init__(self, model: LlamaModel, params: SamplingParams, seed: int):
+        self.ptr = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        add = lambda s: lc.llama_sampler_chain_add(self.ptr, s)  # noqa: E731
+        if params.ignore_eos and model.eog_tokens:
+            biases = (lc.llama_logit_bias * len(model.eog_tokens))()
+            for i, tok in enumerate(model.eog_tokens):
+                biases[i].token, biases[i].bias = tok, float("-inf")
+            add(lc.llama_sampler_init_logit_bias(model.n_vocab, len(model.eog_tokens), biases))
+        if (params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty):
+            add(lc.llama_sampler_init_penalties(
+                model.n_vocab, params.repeat_last_n, params.repeat_penalty,
+                params.frequency_penalty, params.presence_penalty))
+        if params.greedy:
+            add(lc.llama_sampler_init_greedy())
+        else:
+            if params.top_k > 0:
+                add(lc.llama_sampler_init_top_k(params.top_k))
+            add(lc.llama_sampler_init_top_p(params.top_p, 1))
+            add(lc.llama_sampler_init_min_p(params.min_p, 1))
+            add(lc.llama_sampler_init_temp(params.temperature))
+            add(lc.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+
+    def sample(self, ctx: LlamaContext, row: int) -> int:
+        # llama_sampler_sample also accepts the token into the chain's state.
+        return lc.llama_sampler_sample(self.ptr, ctx.ptr, row)
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            lc.llama_sampler_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:
+        self.close()
