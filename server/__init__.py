@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server: an adapter over the runtime's engine."""

@@ -1,0 +1,45 @@
+"""Every failure leaves the server as OpenAI's error body, with the status
+its error type maps to. Unknown exceptions are the only 500s."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from llmctl.errors import LlmctlError, QueueFull
+
+log = logging.getLogger("llmctl.server")
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          405: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
+
+
+def error_body(message: str, etype: str, code: str | None = None, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": etype, "param": param, "code": code}}
+
+
+def error_response(e: LlmctlError) -> JSONResponse:
+    headers = {"Retry-After": "1"} if isinstance(e, QueueFull) else None
+    return JSONResponse(error_body(e.message, e.error_type, e.code, e.param),
+                        status_code=e.http_status, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(LlmctlError)
+    async def _typed(request: Request, e: LlmctlError) -> JSONResponse:
+        return error_response(e)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, e: HTTPException) -> JSONResponse:
+        status = e.status_code
+        return JSONResponse(error_body(str(e.detail), _TYPES.get(status, "invalid_request_error")),
+                            status_code=status, headers=getattr(e, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unknown(request: Request, e: Exception) -> JSONResponse:
+        log.exception("internal error")
+        return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"),
+                            status_code=500)
