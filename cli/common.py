@@ -9,6 +9,7 @@ import sys
 import traceback
 from typing import Any, Callable
 
+import click
 import typer
 from rich.console import Console
 
@@ -43,7 +44,7 @@ def handle_errors(fn: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any):
         try:
             return fn(*args, **kwargs)
-        except typer.Exit:
+        except (typer.Exit, click.exceptions.ClickException):
             raise
         except LlmctlError as e:
             if State.debug:

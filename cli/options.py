@@ -9,6 +9,21 @@ from typing import Optional
 import typer
 from typing_extensions import Annotated
 
+def gpu_layers_value(value: str) -> str | int:
+    """Typer can't type 'auto|N', so validate here as a usage error."""
+    v = value.strip().lower()
+    if v == "auto":
+        return "auto"
+    try:
+        n = int(v)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not 'auto' or an integer",
+                                 param_hint="--n-gpu-layers") from None
+    if n < -1:
+        raise typer.BadParameter("must be auto, -1 (all) or >= 0", param_hint="--n-gpu-layers")
+    return n
+
+
 ModelArg = Annotated[Optional[str], typer.Argument(
     help="models.toml name, store name, or path to a .gguf file (default: smollm2).",
     envvar="LLMCTL_MODEL", show_default=False)]
@@ -24,23 +39,15 @@ CtxSize = Annotated[Optional[int], typer.Option(
     help="Context tokens per sequence (default: the model's registry value or 4096).")]
 Threads = Annotated[Optional[int], typer.Option(
     "--threads", min=1, envvar="LLMCTL_THREADS", help="Default: physical cores.")]
+def _check_gpu_layers(value: str) -> str:
+    gpu_layers_value(value)
+    return value
+
+
 GpuLayers = Annotated[str, typer.Option(
-    "--n-gpu-layers", envvar="LLMCTL_N_GPU_LAYERS",
+    "--n-gpu-layers", envvar="LLMCTL_N_GPU_LAYERS", callback=_check_gpu_layers,
     help="Layers to offload to the GPU: auto or a number (0 = CPU only).")]
 System = Annotated[Optional[str], typer.Option("--system", help="System prompt.")]
 Json = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
 
 
-def gpu_layers_value(value: str) -> str | int:
-    """Typer can't type 'auto|N', so validate here as a usage error."""
-    v = value.strip().lower()
-    if v == "auto":
-        return "auto"
-    try:
-        n = int(v)
-    except ValueError:
-        raise typer.BadParameter(f"{value!r} is not 'auto' or an integer",
-                                 param_hint="--n-gpu-layers") from None
-    if n < -1:
-        raise typer.BadParameter("must be auto, -1 (all) or >= 0", param_hint="--n-gpu-layers")
-    return n

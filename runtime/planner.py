@@ -23,9 +23,10 @@ class ModelShape:
     n_head: int
     n_head_kv: int
     kv_bytes_per_elem: float = 2.0   # f16 KV cache
+    head_dim: int = 0                # 0: n_embd / n_head
 
     def kv_bytes_per_layer(self, n_ctx: int) -> int:
-        head_dim = self.n_embd // max(self.n_head, 1)
+        head_dim = self.head_dim or self.n_embd // max(self.n_head, 1)
         # K and V, one row per token per KV head.
         return int(2 * n_ctx * self.n_head_kv * head_dim * self.kv_bytes_per_elem)
 

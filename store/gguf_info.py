@@ -7,8 +7,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from llmctl.errors import BadModelFile
+from llmctl.store.gguf_header import HeaderError, read_header
 
 GGUF_MAGIC = b"GGUF"
+# Some architectures store head counts per layer, as arrays.
+_PER_LAYER_KEYS = tuple(f"{a}.attention.{k}" for a in ("gemma3", "llama", "qwen2", "qwen3", "gemma2")
+                        for k in ("head_count", "head_count_kv"))
 
 
 @dataclass
@@ -22,6 +26,7 @@ class GGUFInfo:
     n_embd: int
     n_head: int
     n_head_kv: int
+    head_dim: int
     chat_template: str | None
     size: int
 
@@ -31,20 +36,10 @@ class GGUFInfo:
         return d
 
 
-def _field(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    try:
-        return field.contents()
-    except Exception:  # malformed field in an otherwise readable file
-        return default
-
-
-def _quant_name(reader) -> str:
+def _quant_name(fields: dict) -> str:
     from gguf import LlamaFileType
 
-    ftype = _field(reader, "general.file_type")
+    ftype = fields.get("general.file_type")
     if ftype is None:
         return "unknown"
     try:
@@ -67,30 +62,32 @@ def check_magic(path: Path) -> None:
 
 def read_gguf_info(path: str | Path) -> GGUFInfo:
     """Parse the header; raise BadModelFile for non-GGUF or truncated files."""
-    from gguf import GGUFReader
-
     path = Path(path)
     check_magic(path)
     try:
-        reader = GGUFReader(path)
-    except Exception as e:  # gguf raises ValueError/IndexError/struct errors
+        with open(path, "rb") as f:
+            header = read_header(f, keep_arrays=_PER_LAYER_KEYS)
+    except HeaderError as e:
         raise BadModelFile(f"{path}: not a valid GGUF file (truncated or corrupt: {e})") from e
     size = path.stat().st_size
-    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
-    if end > size:
-        raise BadModelFile(f"{path}: truncated GGUF ({size} bytes, tensors need {end})")
-    arch = _field(reader, "general.architecture", "unknown")
+    if header.data_end > size:
+        raise BadModelFile(f"{path}: truncated GGUF ({size} bytes, tensors need {header.data_end})")
+    fields = header.fields
+    arch = fields.get("general.architecture") or "unknown"
     return GGUFInfo(
         architecture=arch,
-        name=_field(reader, "general.name", path.stem),
-        parameters=sum(int(t.n_elements) for t in reader.tensors),
-        quant=_quant_name(reader),
-        context_length=int(_field(reader, f"{arch}.context_length", 0) or 0),
-        n_layers=int(_field(reader, f"{arch}.block_count", 0) or 0),
-        n_embd=int(_field(reader, f"{arch}.embedding_length", 0) or 0),
-        n_head=_scalar(_field(reader, f"{arch}.attention.head_count", 0)),
-        n_head_kv=_scalar(_field(reader, f"{arch}.attention.head_count_kv", 0)),
-        chat_template=_field(reader, "tokenizer.chat_template"),
+        name=fields.get("general.name") or path.stem,
+        parameters=sum(t.n_elements for t in header.tensors),
+        quant=_quant_name(fields),
+        context_length=int(fields.get(f"{arch}.context_length") or 0),
+        n_layers=int(fields.get(f"{arch}.block_count") or 0),
+        n_embd=int(fields.get(f"{arch}.embedding_length") or 0),
+        n_head=_scalar(fields.get(f"{arch}.attention.head_count")),
+        n_head_kv=_scalar(fields.get(f"{arch}.attention.head_count_kv")),
+        head_dim=int(fields.get(f"{arch}.attention.key_length") or 0)
+        or int(fields.get(f"{arch}.embedding_length") or 0)
+        // max(_scalar(fields.get(f"{arch}.attention.head_count")), 1),
+        chat_template=fields.get("tokenizer.chat_template"),
         size=size,
     )
 

@@ -94,7 +94,9 @@ class StoreIndex:
         info = read_gguf_info(path)
         entry = ModelEntry(
             name=name,
-            path=str(Path(path).resolve()),
+            # absolute, not resolved: a snapshot symlink must keep its name so
+            # llama.cpp finds a split GGUF's sibling shards beside it.
+            path=str(Path(path).absolute()),
             size=info.size,
             sha256=sha256 or sha256_file(path),
             architecture=info.architecture,

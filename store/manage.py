@@ -31,9 +31,8 @@ def list_models(index: StoreIndex | None = None) -> Listing:
 
 
 def kv_cache_bytes(info: GGUFInfo, ctx_size: int, bytes_per_elem: float = 2.0) -> int:
-    head_dim = info.n_embd // max(info.n_head, 1)
     n_kv = info.n_head_kv or info.n_head
-    return int(2 * info.n_layers * ctx_size * n_kv * head_dim * bytes_per_elem)
+    return int(2 * info.n_layers * ctx_size * n_kv * info.head_dim * bytes_per_elem)
 
 
 def show_model(model: str, ctx_size: int | None = None) -> dict:

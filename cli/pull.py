@@ -1,0 +1,77 @@
+"""`llmctl pull`: a thin wrapper over llmctl.hub.pull."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from llmctl.cli.common import env_default, err, handle_errors, print_json
+
+HELP = """Download a model from the Hugging Face Hub into the local store.
+
+MODEL is a models.toml name or ORG/REPO[:QUANT]. Without a quant tag, Q4_K_M
+is preferred, then Q8_0. Files go to the standard Hugging Face cache, are
+fetched over several parallel range requests, resume when interrupted, and
+are checked against the Hub's sha256 before they are registered.
+
+\b
+Examples:
+  llmctl pull smollm2
+  llmctl pull bartowski/Qwen2.5-0.5B-Instruct-GGUF:Q4_K_M
+  llmctl pull bartowski/Qwen2.5-0.5B-Instruct-GGUF --dry-run
+  llmctl pull Qwen/Qwen2.5-0.5B-Instruct        # safetensors, for `llmctl quantize`
+"""
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("pull", help=HELP)
+    @handle_errors
+    def pull_cmd(
+        model: str = typer.Argument(..., help="models.toml name or ORG/REPO[:QUANT]."),
+        revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit."),
+        include: Optional[List[str]] = typer.Option(
+            None, "--include", help="Glob of files to fetch instead of the automatic choice "
+            "(repeatable)."),
+        exclude: Optional[List[str]] = typer.Option(
+            None, "--exclude", help="Glob of files to skip (repeatable)."),
+        connections: int = typer.Option(
+            env_default("PULL_CONNECTIONS", 16), "--connections", "-c", min=1, max=256,
+            help="Parallel range requests per file (env LLMCTL_PULL_CONNECTIONS)."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="List the files and sizes; "
+                                     "download nothing."),
+        json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+    ) -> None:
+        from llmctl.hub import pull
+
+        result = pull(model, revision=revision, include=include or None,
+                      exclude=exclude or None, connections=connections, dry_run=dry_run,
+                      quiet=quiet or json_out)
+        if json_out:
+            print_json(result.to_dict())
+            return
+        if dry_run:
+            for f in result.files:
+                state = "  (have it)" if f.cached else ""
+                print(f"{_human(f.size):>10}  {f.path}{state}")
+            total = sum(f.size for f in result.files if not f.cached)
+            print(f"{_human(total):>10}  to download from {result.repo_id}@{result.commit[:12]}")
+            return
+        if quiet:
+            return
+        for name in result.registered:
+            print(f"pulled {name}")
+        if not result.registered:
+            print(f"pulled {result.repo_id} into {result.snapshot}")
+            if result.kind == "safetensors":
+                err.print(f"no GGUF in this repo: run `llmctl quantize {result.repo_id}` "
+                          "to make one", markup=False)

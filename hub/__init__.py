@@ -1,0 +1,7 @@
+"""Pulling models from the Hugging Face Hub into the shared HF cache and the
+llmctl store."""
+
+from llmctl.hub.cache import hub_cache, local_snapshot
+from llmctl.hub.pull import DEFAULT_CONNECTIONS, PullResult, pull
+
+__all__ = ["DEFAULT_CONNECTIONS", "PullResult", "hub_cache", "local_snapshot", "pull"]

@@ -1,0 +1,56 @@
+"""--n-gpu-layers auto with simulated GPUs and model sizes."""
+
+import pytest
+
+from llmctl.runtime.planner import ModelShape, parse_gpu_layers, plan_gpu_layers
+
+GIB = 1 << 30
+# Llama-2-7B-like at 16 bits: ~14 GB, 32 layers, 32 KV heads.
+LLAMA7B_F16 = ModelShape(weights_bytes=int(13.5 * GIB), n_layers=32, n_embd=4096, n_head=32, n_head_kv=32)
+# Llama-3-70B-like at 4 bits: ~35 GB (the issue's example), 80 layers, GQA with 8 KV heads.
+LLAMA70B_Q4 = ModelShape(weights_bytes=35 * GIB, n_layers=80, n_embd=8192, n_head=64, n_head_kv=8)
+
+
+def test_no_gpu_or_cpu_build_means_zero():
+    assert plan_gpu_layers(LLAMA7B_F16, [], 4096, gpu_capable=True) == 0
+    assert plan_gpu_layers(LLAMA7B_F16, [80 * GIB], 4096, gpu_capable=False) == 0
+
+
+def test_7b_f16_fits_entirely_on_an_80gb_gpu():
+    assert plan_gpu_layers(LLAMA7B_F16, [80 * GIB], 4096, True) == 33
+
+
+def test_7b_f16_partially_on_an_8gb_gpu():
+    n = plan_gpu_layers(LLAMA7B_F16, [8 * GIB], 4096, True)
+    assert 10 <= n < 32
+    per_layer = LLAMA7B_F16.layer_bytes() + LLAMA7B_F16.kv_bytes_per_layer(4096)
+    assert n * per_layer <= 8 * GIB * 0.92 - 1024 * (1 << 20)
+
+
+def test_70b_q4_fits_on_h100_but_not_on_24gb():
+    assert plan_gpu_layers(LLAMA70B_Q4, [80 * GIB], 8192, True) == 81
+    partial = plan_gpu_layers(LLAMA70B_Q4, [24 * GIB], 8192, True)
+    assert 30 <= partial < 80
+
+
+def test_two_gpus_pool_their_memory():
+    one = plan_gpu_layers(LLAMA70B_Q4, [24 * GIB], 8192, True)
+    two = plan_gpu_layers(LLAMA70B_Q4, [24 * GIB, 24 * GIB], 8192, True)
+    assert two > one
+
+
+def test_long_context_leaves_fewer_layers():
+    short = plan_gpu_layers(LLAMA7B_F16, [12 * GIB], 2048, True)
+    long = plan_gpu_layers(LLAMA7B_F16, [12 * GIB], 32768, True)
+    assert long < short
+
+
+@pytest.mark.parametrize("value,expected", [("auto", None), ("AUTO", None), ("0", 0), (12, 12), ("-1", -1)])
+def test_parse(value, expected):
+    assert parse_gpu_layers(value) == expected
+
+
+@pytest.mark.parametrize("value", ["lots", "-2", "1.5"])
+def test_parse_rejects(value):
+    with pytest.raises(ValueError):
+        parse_gpu_layers(value)

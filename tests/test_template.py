@@ -1,0 +1,52 @@
+import pytest
+
+from llmctl.errors import InvalidParams, TemplateError
+from llmctl.runtime.template import ChatTemplate, normalize_messages
+
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+def test_chatml_fallback_when_gguf_has_no_template():
+    text = ChatTemplate(None).render(MSGS)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_bos_and_generation_prompt_variables():
+    t = ChatTemplate("{{ bos_token }}{% for m in messages %}[{{ m.content }}]{% endfor %}"
+                     "{% if add_generation_prompt %}>{% endif %}", bos_token="<s>")
+    assert t.render(MSGS) == "<s>[hi]>"
+
+
+@pytest.mark.parametrize("payload", [
+    # The CVE-2024-34359 shape: reach os through Python internals.
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ self.__init__.__globals__['os'].system('touch /tmp/llmctl-pwned') }}",
+    "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
+])
+def test_template_cannot_escape_sandbox(payload, tmp_path):
+    with pytest.raises(TemplateError):
+        ChatTemplate(payload).render(MSGS)
+
+
+def test_list_mutation_is_refused():
+    with pytest.raises(TemplateError):
+        ChatTemplate("{% set x = [] %}{{ x.append(1) }}").render(MSGS)
+
+
+def test_raise_exception_gives_clear_error():
+    t = ChatTemplate("{{ raise_exception('roles must alternate') }}")
+    with pytest.raises(TemplateError, match="roles must alternate"):
+        t.render(MSGS)
+
+
+def test_invalid_template_syntax():
+    with pytest.raises(TemplateError, match="invalid chat template"):
+        ChatTemplate("{% for %}")
+
+
+def test_normalize_messages_flattens_text_parts_and_rejects_garbage():
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    assert normalize_messages(parts) == [{"role": "user", "content": "ab"}]
+    for bad in ([], "hi", [{"content": "x"}], [{"role": "user", "content": 5}]):
+        with pytest.raises(InvalidParams):
+            normalize_messages(bad)
