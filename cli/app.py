@@ -40,13 +40,7 @@ def root(
 
 
 for _name in COMMAND_MODULES:
-    try:
-        _module = importlib.import_module(f"llmctl.cli.{_name}")
-    except ModuleNotFoundError as _e:
-        if _e.name != f"llmctl.cli.{_name}":
-            raise
-        continue
-    _module.register(app)
+    importlib.import_module(f"llmctl.cli.{_name}").register(app)
 
 
 def main() -> None:

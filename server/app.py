@@ -118,6 +118,29 @@ def create_app(state: ServerState) -> FastAPI:
                 "prefix_cache_hit_tokens": m.cached_tokens,
                 "generation_tokens": m.generation_tokens}
 
+    # llama-server's tokenizer endpoints, so benchmarks can build prompts of
+    # exact token counts against any server that speaks them.
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = await _json_body(request)
+        content = body.get("content")
+        if not isinstance(content, str):
+            raise InvalidParams("'content' must be a string", param="content")
+        add_special = body.get("add_special", False)
+        tokens = state.ready().model.tokenize(content, add_special=bool(add_special),
+                                              parse_special=True)
+        return {"tokens": tokens}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = await _json_body(request)
+        llm = state.ready()
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(
+                type(t) is int and 0 <= t < llm.model.n_vocab for t in tokens):
+            raise InvalidParams("'tokens' must be a list of token ids", param="tokens")
+        return {"content": llm.model.detokenize(tokens)}
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         return await _generate(request, chat=True)

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from llmctl.errors import BadModelFile
-from llmctl.store.gguf_header import HeaderError, read_header
+from llmctl.store.gguf_header import read_header
 
 GGUF_MAGIC = b"GGUF"
 # Some architectures store head counts per layer, as arrays.
@@ -64,15 +64,11 @@ def read_gguf_info(path: str | Path) -> GGUFInfo:
     """Parse the header; raise BadModelFile for non-GGUF or truncated files."""
     path = Path(path)
     check_magic(path)
-    try:
-        with open(path, "rb") as f:
-            header = read_header(f, keep_arrays=_PER_LAYER_KEYS)
-    except HeaderError as e:
-        raise BadModelFile(f"{path}: not a valid GGUF file (truncated or corrupt: {e})") from e
+    header = read_header(path, keep_arrays=_PER_LAYER_KEYS)
     size = path.stat().st_size
     if header.data_end > size:
         raise BadModelFile(f"{path}: truncated GGUF ({size} bytes, tensors need {header.data_end})")
-    fields = header.fields
+    fields = header.metadata
     arch = fields.get("general.architecture") or "unknown"
     return GGUFInfo(
         architecture=arch,

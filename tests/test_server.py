@@ -179,3 +179,11 @@ def test_port_in_use_is_a_clear_error(server, session_home):
                        capture_output=True, text=True, timeout=60,
                        env={**__import__("os").environ, "LLMCTL_HOME": str(session_home)})
     assert r.returncode == 2 and "already in use" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_tokenize_round_trip(server):
+    toks = httpx.post(server.url + "/tokenize", json={"content": "Hello world"}).json()["tokens"]
+    assert len(toks) == 2
+    back = httpx.post(server.url + "/detokenize", json={"tokens": toks}).json()["content"]
+    assert back == "Hello world"
+    assert httpx.post(server.url + "/detokenize", json={"tokens": [-1]}).status_code == 400

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Serving throughput and latency, side by side in one run: `llmctl serve`
+against llama.cpp's llama-server and llama-cpp-python's server, same model,
+same threads, same workload (issue 6).
+
+Workload: prompts of ~130 tokens (unique per request), 128 generated tokens
+with ignore_eos; concurrency 1 (8 requests) and 16 (32 requests). Servers run
+one after another, so each has the whole machine.
+
+    .venv/bin/python scripts/bench_serve.py [--llama-server PATH] [--skip-peers]
+
+llama-server is looked for at $LLAMA_SERVER or /tmp/llama-server-build/bin/
+(build it from llama-cpp-python's vendored llama.cpp with the same CPU flags).
+llama-cpp-python's server needs its extras (sse-starlette, starlette-context,
+pydantic-settings); it is skipped when they are missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from llmctl.bench.api import bench  # noqa: E402
+from llmctl.bench.launcher import free_port  # noqa: E402
+from llmctl.runtime.system import default_threads  # noqa: E402
+from tests.conftest import smollm2_file  # noqa: E402
+
+CTX_PER_SEQ = 512
+
+
+def servers(threads: int, llama_server: Path | None, peers: bool) -> dict[str, list[str]]:
+    model = str(smollm2_file())
+    out = {"llmctl serve": [sys.executable, "-m", "llmctl", "serve", "smollm2",
+                            "--max-num-seqs", "16", "--ctx-size", str(CTX_PER_SEQ),
+                            "--threads", str(threads)]}
+    if peers and llama_server and llama_server.exists():
+        out["llama-server -np 16"] = [str(llama_server), "-m", model, "-np", "16",
+                                      "-c", str(16 * CTX_PER_SEQ), "-t", str(threads),
+                                      "-tb", str(threads), "--host", "127.0.0.1"]
+    if peers and _has_lcp_server():
+        out["llama-cpp-python server"] = [sys.executable, "-m", "llama_cpp.server", "--model",
+                                          model, "--n_ctx", str(CTX_PER_SEQ * 2),
+                                          "--n_threads", str(threads), "--host", "127.0.0.1"]
+    return out
+
+
+def _has_lcp_server() -> bool:
+    try:
+        import pydantic_settings  # noqa: F401
+        import sse_starlette  # noqa: F401
+        import starlette_context  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def running(cmd: list[str]):
+    port = free_port()
+    log = open(f"/tmp/bench_serve_{port}.log", "w")
+    proc = subprocess.Popen([*cmd, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{cmd[0]} exited; see {log.name}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def level(run: dict) -> dict:
+    lv = run["levels"][0]
+    return {"tok_s": lv["output_tokens_per_s"], "ttft_p50": lv["ttft"]["p50"],
+            "ttft_p95": lv["ttft"]["p95"], "errors": lv["errors"],
+            "out_tokens_mean": lv["mean_output_tokens"]}
+
+
+def measure(url: str) -> dict:
+    common = dict(url=url + "/v1", input_tokens=130, output_tokens=128, timeout=900)
+    c1 = bench(requests=8, concurrency="1", **common)
+    c16 = bench(requests=32, concurrency="16", **common)
+    return {"c1": level(c1), "c16": level(c16)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--llama-server", type=Path,
+                    default=Path(os.environ.get("LLAMA_SERVER", "/tmp/llama-server-build/bin/llama-server")))
+    ap.add_argument("--skip-peers", action="store_true")
+    ap.add_argument("--threads", type=int, default=default_threads())
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    results = {}
+    for name, cmd in servers(args.threads, args.llama_server, not args.skip_peers).items():
+        print(f"== {name}: {' '.join(cmd[:4])} ...", flush=True)
+        with running(cmd) as url:
+            results[name] = measure(url)
+        print(json.dumps(results[name]), flush=True)
+    print(f"\n{'server':28} {'c=1 tok/s':>10} {'c=16 tok/s':>11} {'c=16 TTFT p50':>14} {'p95':>8} {'errors':>7}")
+    for name, r in results.items():
+        print(f"{name:28} {r['c1']['tok_s']:10.1f} {r['c16']['tok_s']:11.1f} "
+              f"{r['c16']['ttft_p50']:13.2f}s {r['c16']['ttft_p95']:7.2f}s "
+              f"{r['c1']['errors'] + r['c16']['errors']:7d}")
+    ours = results["llmctl serve"]
+    for name, r in results.items():
+        if name != "llmctl serve":
+            print(f"llmctl/{name}: c=16 tok/s x{ours['c16']['tok_s'] / r['c16']['tok_s']:.2f}, "
+                  f"c=16 TTFT p50 x{ours['c16']['ttft_p50'] / r['c16']['ttft_p50']:.2f}, "
+                  f"c=16 vs their c=1 x{ours['c16']['tok_s'] / r['c1']['tok_s']:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
