@@ -40,7 +40,9 @@ def run(
         raise UsageError("the prompt is empty")
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                             max_tokens=max_tokens)
-    load = LoadOptions(ctx_size=ctx_size, threads=threads,
+    # One prompt, one answer: a prefix cache would only cost us flash
+    # attention (the engine turns it off for exact cache hits) for no reuse.
+    load = LoadOptions(ctx_size=ctx_size, threads=threads, prefix_cache=False,
                        n_gpu_layers=o.gpu_layers_value(n_gpu_layers))
 
     def write(chunk: str) -> None:

@@ -32,11 +32,17 @@ def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         pass
 
 
+def install_quiet_log() -> None:
+    """(Re)install llmctl's log filter; code that captures llama.cpp's log
+    for a while calls this when done."""
+    lc.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+
+
 def init_backend() -> None:
     global _initialized
     with _init_lock:
         if not _initialized:
-            lc.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+            install_quiet_log()
             lc.llama_backend_init()
             _initialized = True
 
@@ -198,13 +204,14 @@ class LlamaContext:
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         lc.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
 
-    def state_get(self, seq_id: int) -> bytes:
+    def state_get(self, seq_id: int) -> memoryview:
         size = lc.llama_state_seq_get_size(self.ptr, seq_id)
         buf = (ctypes.c_uint8 * size)()
         written = lc.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
-        return bytes(buf[:written])
+        # A view keeps the one copy llama.cpp made (slicing would build a list of ints).
+        return memoryview(buf).cast("B")[:written]
 
-    def state_set(self, data: bytes, seq_id: int) -> bool:
+    def state_set(self, data: bytes | memoryview, seq_id: int) -> bool:
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         return lc.llama_state_seq_set_data(self.ptr, buf, len(data), seq_id) > 0
 

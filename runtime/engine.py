@@ -50,10 +50,15 @@ class Engine:
         self.ctx = LlamaContext(model, ContextConfig(
             n_ctx_seq=cfg.n_ctx_seq, n_seq_max=cfg.max_num_seqs,
             n_batch=cfg.max_num_batched_tokens, n_threads=cfg.n_threads,
-            flash_attn=cfg.flash_attn))
+            # CPU flash attention's result for a token depends on how the
+            # prompt was split into chunks (measured: logits differ by up to
+            # 0.9), so a prefix hit could change greedy output. Without it,
+            # chunking is bit-exact; the price is ~8% decode speed.
+            flash_attn=cfg.flash_attn and prefix_cache is None))
         self.n_ctx_seq = self.ctx.n_ctx_seq
         self.scheduler = Scheduler(SchedulerConfig(
-            cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_queue))
+            cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_queue,
+            prefix_sharing=prefix_cache is not None))
         self.prefix_cache = prefix_cache
         self.stats = EngineStats()
         self._streams: dict[int, _Stream] = {}
@@ -79,7 +84,9 @@ class Engine:
         max_new = params.max_tokens or (self.n_ctx_seq - len(prompt))
         seq = Sequence(prompt=prompt, params=params, max_new=max_new, emit=emit)
         with self._cv:
-            if len(self._inbox) + len(self.scheduler.waiting) >= self.cfg.max_queue:
+            # Requests that will find a free slot at the next step are not queued.
+            queued = len(self._inbox) + len(self.scheduler.waiting) - len(self.scheduler.free_slots)
+            if queued >= self.cfg.max_queue:
                 raise QueueFull("server busy: the request queue is full, retry shortly")
             self._inbox.append(seq)
             self._cv.notify()
@@ -129,10 +136,7 @@ class Engine:
     def _step(self) -> None:
         for seq in [s for s in self.scheduler.running + list(self.scheduler.waiting) if s.cancelled]:
             self._finish(seq, "cancelled")
-        for seq in self.scheduler.admit():
-            self._streams[seq.id] = _Stream(self.model, seq)
-            if self.prefix_cache is not None:
-                self.prefix_cache.attach(self.ctx, seq)
+        self._admit()
         plan = self.scheduler.schedule()
         if not plan:
             return
@@ -144,6 +148,15 @@ class Engine:
             return
         for w, row in zip(plan, rows):
             self._advance(w, row)
+
+    def _admit(self) -> None:
+        admitted = self.scheduler.admit()
+        for seq in admitted:
+            self._streams[seq.id] = _Stream(self.model, seq)
+        if self.prefix_cache is not None:
+            # Waiters get their KV once their leader has computed the prefix.
+            ready = [s for s in admitted if s.wait_for is None]
+            self.prefix_cache.attach(self.ctx, ready + self.scheduler.release_waiters())
 
     def _advance(self, w: Work, row: int) -> None:
         seq = w.seq
@@ -186,11 +199,15 @@ class Engine:
                 tail, _ = stream.stops.feed(stream.utf8.flush())
                 tail += stream.stops.flush()
             stream.sampler.close()
+        park = None
         if seq.slot >= 0 and seq in self.scheduler.running:
-            if self.prefix_cache is not None and reason != "error":
+            if self.prefix_cache is not None and self.scheduler.should_park(seq):
+                # The slot keeps its KV for later requests that share a prefix.
                 self.prefix_cache.on_finished(self.ctx, seq)
-            self.ctx.seq_rm(seq.slot)
-        self.scheduler.finish(seq, reason)
+                park = seq.tokens[:seq.n_computed]
+            else:
+                self.ctx.seq_rm(seq.slot)
+        self.scheduler.finish(seq, reason, park)
         seq.finished_at = now = time.perf_counter()
         self._count(seq)
         first = seq.first_token_at or now

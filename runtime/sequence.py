@@ -31,6 +31,9 @@ class Sequence:
     slot: int = -1                      # llama.cpp seq_id while RUNNING
     n_computed: int = 0                 # tokens of `tokens` already in the KV
     n_cached: int = 0                   # prompt tokens reused from the prefix cache
+    kv_src: tuple[int, int] = (-1, 0)   # (slot, n): reuse n prompt tokens whose KV is in slot
+    wait_for: "Sequence | None" = None  # a prefilling leader whose prefix this one will copy
+    wait_until: int = 0                 # ...once the leader has computed this many tokens
     output: list[int] = field(default_factory=list)
     cancelled: bool = False
     finish_reason: str | None = None
