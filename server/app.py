@@ -17,6 +17,7 @@ from llmctl.runtime.events import ErrorEvent, FinishEvent, TokenEvent
 from llmctl.runtime.llm import LLM
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.server import errors
+from llmctl.server.bridge import EventBridge
 from llmctl.server.metrics import Metrics
 from llmctl.server.protocol import ResponseIds, finish_reason, parse_sampling, stream_options
 
@@ -162,9 +163,8 @@ def create_app(state: ServerState) -> FastAPI:
         params = parse_sampling(body, state.defaults)
         include_usage = stream_options(body)
         tokens = _prompt_tokens(llm, body, chat)
-        loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        seq = llm.engine.submit(tokens, params, lambda ev: loop.call_soon_threadsafe(queue.put_nowait, ev))
+        seq = llm.engine.submit(tokens, params, _bridge().sink(queue))
         ids = ResponseIds(state.name, chat)
         if stream:
             return StreamingResponse(_stream(llm, seq, queue, ids, include_usage),
@@ -176,31 +176,39 @@ def create_app(state: ServerState) -> FastAPI:
         done = False
         try:
             yield _sse(ids.chunk("", first=True))
-            while True:
-                event = await queue.get()
-                if isinstance(event, TokenEvent):
-                    yield _sse(ids.chunk(event.text))
-                elif isinstance(event, FinishEvent):
-                    done = True
-                    _record(event)
-                    if event.tail:
-                        yield _sse(ids.chunk(event.tail))
-                    yield _sse(ids.chunk(None, finish_reason(event.reason)))
-                    if include_usage:
-                        yield _sse(ids.usage_chunk(event.usage))
-                    yield "data: [DONE]\n\n"
-                    return
-                elif isinstance(event, ErrorEvent):
-                    done = True
-                    state.metrics.finished("error", len(seq.prompt), 0, 0, None, 0)
-                    e = event.error
-                    yield _sse(errors.error_body(e.message, e.error_type, e.code))
-                    yield "data: [DONE]\n\n"
-                    return
+            while not done:
+                # Events that queued up while we were sending go out in one
+                # write: fewer syscalls and wake-ups, same chunks for the client.
+                events = [await queue.get()]
+                while not queue.empty():
+                    events.append(queue.get_nowait())
+                frames = []
+                for event in events:
+                    done = _frames(event, seq, ids, include_usage, frames) or done
+                yield "".join(frames)
         finally:
             if not done:   # the client went away: free the slot at the next step
                 llm.engine.cancel(seq)
                 state.metrics.finished("cancelled", len(seq.prompt), 0, len(seq.output), None, 0)
+
+    def _frames(event, seq, ids: ResponseIds, include_usage: bool, frames: list[str]) -> bool:
+        """Append the SSE frames for one event; True once the stream is over."""
+        if isinstance(event, TokenEvent):
+            frames.append(_sse(ids.chunk(event.text)))
+            return False
+        if isinstance(event, FinishEvent):
+            _record(event)
+            if event.tail:
+                frames.append(_sse(ids.chunk(event.tail)))
+            frames.append(_sse(ids.chunk(None, finish_reason(event.reason))))
+            if include_usage:
+                frames.append(_sse(ids.usage_chunk(event.usage)))
+        else:
+            state.metrics.finished("error", len(seq.prompt), 0, 0, None, 0)
+            e = event.error
+            frames.append(_sse(errors.error_body(e.message, e.error_type, e.code)))
+        frames.append("data: [DONE]\n\n")
+        return True
 
     async def _collect(request: Request, llm, seq, queue, ids: ResponseIds) -> Response:
         parts: list[str] = []
@@ -222,6 +230,15 @@ def create_app(state: ServerState) -> FastAPI:
             elif isinstance(event, ErrorEvent):
                 state.metrics.finished("error", len(seq.prompt), 0, 0, None, 0)
                 raise event.error
+
+    bridges: dict[int, EventBridge] = {}
+
+    def _bridge() -> EventBridge:
+        loop = asyncio.get_running_loop()
+        bridge = bridges.get(id(loop))
+        if bridge is None:
+            bridge = bridges[id(loop)] = EventBridge(loop)
+        return bridge
 
     def _record(event: FinishEvent) -> None:
         u = event.usage
