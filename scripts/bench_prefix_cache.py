@@ -142,7 +142,10 @@ async def load_run(url: str, n: int, conc: int, max_tokens: int) -> dict:
     sem = asyncio.Semaphore(conc)
     results = []
 
-    async with httpx.AsyncClient(timeout=1800) as client:
+    # A fresh connection per request: llama-server closes kept-alive
+    # connections between requests, which a pooled client sees as a failure.
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=1800, limits=limits) as client:
         async def worker(p):
             async with sem:
                 results.append(await complete(client, url, p, max_tokens, ignore_eos=True))
