@@ -11,7 +11,8 @@ from typing import Callable
 
 from llmctl.errors import UsageError
 from llmctl.runtime.llm import LLM, LoadOptions
-from llmctl.server.app import ServerState, create_app
+from llmctl.server.app import create_app
+from llmctl.server.state import ServerState
 from llmctl.store.registry import load_registry
 from llmctl.store.resolve import resolve_model
 

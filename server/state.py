@@ -1,0 +1,64 @@
+"""What the server knows between requests: the model (once loaded), its
+names, the API key and the metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from llmctl.errors import InvalidParams, LlmctlError
+from llmctl.runtime.llm import LLM
+from llmctl.runtime.sampling import SamplingParams
+from llmctl.server.bridge import EventBridge
+from llmctl.server.metrics import Metrics
+
+
+class Loading(LlmctlError):
+    http_status = 503
+    error_type = "service_unavailable"
+    code = "model_loading"
+
+
+@dataclass
+class ServerState:
+    name: str
+    aliases: set[str] = field(default_factory=set)
+    api_key: str | None = None
+    defaults: SamplingParams = field(default_factory=SamplingParams)
+    llm: LLM | None = None
+    load_error: str | None = None
+    metrics: Metrics = field(default_factory=Metrics)
+    started: float = field(default_factory=time.time)
+    _bridges: dict[int, EventBridge] = field(default_factory=dict)
+
+    def ready(self) -> LLM:
+        if self.llm is None:
+            raise Loading(self.load_error or "the model is still loading")
+        return self.llm
+
+    def bridge(self) -> EventBridge:
+        """The engine-to-loop hand-off of the running event loop."""
+        loop = asyncio.get_running_loop()
+        bridge = self._bridges.get(id(loop))
+        if bridge is None:
+            bridge = self._bridges[id(loop)] = EventBridge(loop)
+        return bridge
+
+
+def state_of(request: Request) -> ServerState:
+    return request.app.state.llmctl
+
+
+async def json_body(request: Request) -> dict:
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidParams("the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise InvalidParams("the request body must be a JSON object")
+    return body
