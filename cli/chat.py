@@ -19,6 +19,14 @@ def _write(chunk: str) -> None:
     sys.stdout.flush()
 
 
+def _slash(session: ChatSession, line: str) -> bool:
+    """Run a slash command; True when it means leave."""
+    text, leave = session.command(line)
+    if not leave:
+        out.print(text, markup=False)
+    return leave
+
+
 def _interactive(session: ChatSession) -> None:
     try:
         import readline  # noqa: F401  (line editing and history for input())
@@ -37,10 +45,8 @@ def _interactive(session: ChatSession) -> None:
         if not line.strip():
             continue
         if line.startswith("/"):
-            text, leave = session.command(line)
-            if leave:
+            if _slash(session, line):
                 return
-            out.print(text, markup=False)
             continue
         try:
             session.answer(line, _write)
@@ -56,10 +62,8 @@ def _batch(session: ChatSession) -> None:
         if not line.strip():
             continue
         if line.startswith("/"):
-            text, leave = session.command(line)
-            if leave:
+            if _slash(session, line):
                 return
-            print(text)
             continue
         session.answer(line, _write)
         _write("\n")

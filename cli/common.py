@@ -52,7 +52,7 @@ def handle_errors(fn: Callable) -> Callable:
             fail(e.message, e.exit_code)
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
-            raise typer.Exit(130)
+            raise typer.Exit(130) from None
         except Exception as e:  # a bug, not the user's fault
             if State.debug:
                 traceback.print_exc()

@@ -117,7 +117,7 @@ class RangeDownload:
                                    "resume") from e
                 delay = self.backoff * 2 ** (failures - 1) * (1 + random.random() / 4)
                 if self.stop.wait(delay):
-                    raise _Stopped()
+                    raise _Stopped() from None
         return conn
 
     def _fetch(self, conn, fd: int, buf: bytearray, i: int) -> None:

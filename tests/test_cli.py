@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 from typer.testing import CliRunner
 
 from llmctl.cli.app import app
