@@ -104,25 +104,38 @@ def measure(url: str) -> dict:
     return {"c1": level(c1), "c16": level(c16)}
 
 
+def median_run(runs: list[dict]) -> dict:
+    """Per metric, the median over rounds (each round ran every server)."""
+    import statistics
+
+    return {lvl: {k: statistics.median(r[lvl][k] for r in runs) for k in runs[0][lvl]}
+            for lvl in ("c1", "c16")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-server", type=Path,
                     default=Path(os.environ.get("LLAMA_SERVER", "/tmp/llama-server-build/bin/llama-server")))
     ap.add_argument("--skip-peers", action="store_true")
     ap.add_argument("--threads", type=int, default=default_threads())
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="Rounds over all servers; medians are reported (the box is noisy).")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    results = {}
-    for name, cmd in servers(args.threads, args.llama_server, not args.skip_peers).items():
-        print(f"== {name}: {' '.join(cmd[:4])} ...", flush=True)
-        with running(cmd) as url:
-            results[name] = measure(url)
-        print(json.dumps(results[name]), flush=True)
-    print(f"\n{'server':28} {'c=1 tok/s':>10} {'c=16 tok/s':>11} {'c=16 TTFT p50':>14} {'p95':>8} {'errors':>7}")
+    runs: dict[str, list[dict]] = {}
+    for i in range(args.rounds):
+        for name, cmd in servers(args.threads, args.llama_server, not args.skip_peers).items():
+            print(f"== round {i + 1}: {name}", flush=True)
+            with running(cmd) as url:
+                runs.setdefault(name, []).append(measure(url))
+            print(json.dumps(runs[name][-1]), flush=True)
+    results = {name: median_run(r) for name, r in runs.items()}
+    print(f"\nmedians over {args.rounds} rounds")
+    print(f"{'server':28} {'c=1 tok/s':>10} {'c=16 tok/s':>11} {'c=16 TTFT p50':>14} {'p95':>8} {'errors':>7}")
     for name, r in results.items():
         print(f"{name:28} {r['c1']['tok_s']:10.1f} {r['c16']['tok_s']:11.1f} "
               f"{r['c16']['ttft_p50']:13.2f}s {r['c16']['ttft_p95']:7.2f}s "
-              f"{r['c1']['errors'] + r['c16']['errors']:7d}")
+              f"{r['c1']['errors'] + r['c16']['errors']:7.0f}")
     ours = results["llmctl serve"]
     for name, r in results.items():
         if name != "llmctl serve":
@@ -130,7 +143,7 @@ def main() -> None:
                   f"c=16 TTFT p50 x{ours['c16']['ttft_p50'] / r['c16']['ttft_p50']:.2f}, "
                   f"c=16 vs their c=1 x{ours['c16']['tok_s'] / r['c1']['tok_s']:.2f}")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        args.json.write_text(json.dumps({"medians": results, "runs": runs}, indent=2))
 
 
 if __name__ == "__main__":
