@@ -176,8 +176,12 @@ class LlamaContext:
         (-1 where none was asked for)."""
         b = self._batch
         n = 0
-        rows = []
-        for seq_id, tokens, pos, want in items:
+        rows = [-1] * len(items)
+        # With one KV stream per sequence, llama.cpp puts only runs of
+        # consecutive, increasing seq ids into one ubatch; in admission order
+        # a step could split into many small ubatches (one graph run each).
+        for k in sorted(range(len(items)), key=lambda k: items[k][0]):
+            seq_id, tokens, pos, want = items[k]
             for i, tok in enumerate(tokens):
                 b.token[n] = tok
                 b.pos[n] = pos + i
@@ -187,7 +191,7 @@ class LlamaContext:
                 n += 1
             if want:
                 b.logits[n - 1] = 1
-            rows.append(n - 1 if want else -1)
+                rows[k] = n - 1
         b.n_tokens = n
         rc = lc.llama_decode(self.ptr, b)
         if rc != 0:

@@ -89,7 +89,11 @@ class Scheduler:
             del self.parked[best]
             return best, best_n
         if self.free_slots:
-            return self.free_slots.pop(), 0
+            # Lowest id first: llama.cpp packs only runs of consecutive seq
+            # ids into one ubatch, so compact slots mean fewer, fuller ubatches.
+            slot = min(self.free_slots)
+            self.free_slots.remove(slot)
+            return slot, 0
         slot, _ = self.parked.popitem(last=False)
         return slot, 0
 
