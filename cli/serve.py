@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import Enum
+
 import typer
 from typing_extensions import Annotated
 
@@ -9,6 +11,12 @@ from llmctl.cli import options as o
 from llmctl.cli.common import err, handle_errors
 from llmctl.runtime.llm import LoadOptions
 from llmctl.server.serve import serve as serve_model
+
+
+class FlashAttn(str, Enum):
+    auto = "auto"
+    on = "on"
+    off = "off"
 
 
 @handle_errors
@@ -33,6 +41,11 @@ def serve(
     no_prefix_cache: Annotated[bool, typer.Option(
         "--no-prefix-cache", envvar="LLMCTL_NO_PREFIX_CACHE",
         help="Recompute every prompt from scratch.")] = False,
+    flash_attn: Annotated[FlashAttn, typer.Option(
+        "--flash-attn", envvar="LLMCTL_FLASH_ATTN",
+        help="auto: off while the prefix cache is on, so cache hits give token-identical "
+             "output; on is ~15% faster with the cache, but hits may differ slightly.")
+    ] = FlashAttn.auto,
     prefix_cache_size: Annotated[float, typer.Option(
         "--prefix-cache-size", min=0.0, envvar="LLMCTL_PREFIX_CACHE_SIZE",
         help="Disk budget of the prefix KV cache, in GB.")] = 4.0,
@@ -46,7 +59,8 @@ def serve(
     load = LoadOptions(ctx_size=ctx_size, threads=threads,
                        n_gpu_layers=o.gpu_layers_value(n_gpu_layers), max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens, max_queue=max_queue,
-                       prefix_cache=not no_prefix_cache, prefix_cache_size_gb=prefix_cache_size)
+                       prefix_cache=not no_prefix_cache, prefix_cache_size_gb=prefix_cache_size,
+                       flash_attn={"auto": None, "on": True, "off": False}[flash_attn.value])
     serve_model(model, host, port, load, api_key=api_key or None,
                 on_ready=lambda url: err.print(f"Serving on {url}/v1 (Ctrl-C to stop)"))
 

@@ -29,7 +29,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     max_queue: int = 256
     n_threads: int = 2
-    flash_attn: bool = True
+    flash_attn: bool | None = None      # None: on unless the prefix cache is on
 
 
 class _Stream:
@@ -50,11 +50,7 @@ class Engine:
         self.ctx = LlamaContext(model, ContextConfig(
             n_ctx_seq=cfg.n_ctx_seq, n_seq_max=cfg.max_num_seqs,
             n_batch=cfg.max_num_batched_tokens, n_threads=cfg.n_threads,
-            # CPU flash attention's result for a token depends on how the
-            # prompt was split into chunks (measured: logits differ by up to
-            # 0.9), so a prefix hit could change greedy output. Without it,
-            # chunking is bit-exact; the price is ~8% decode speed.
-            flash_attn=cfg.flash_attn and prefix_cache is None))
+            flash_attn=self._flash_attn(cfg, prefix_cache)))
         self.n_ctx_seq = self.ctx.n_ctx_seq
         self.scheduler = Scheduler(SchedulerConfig(
             cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_queue,
@@ -67,6 +63,14 @@ class Engine:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="llmctl-engine", daemon=True)
         self._thread.start()
+
+    @staticmethod
+    def _flash_attn(cfg: EngineConfig, prefix_cache: Any) -> bool:
+        # CPU flash attention picks its kernel by how many query rows a chunk
+        # has, so a token's logits depend on how its prompt was split; a
+        # prefix hit could then change greedy output. Off by default with
+        # the cache (bit-exact hits); on is faster but hits may differ.
+        return cfg.flash_attn if cfg.flash_attn is not None else prefix_cache is None
 
     # ---- called from any thread -------------------------------------------------
 

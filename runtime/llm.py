@@ -28,7 +28,7 @@ class LoadOptions:
     max_num_seqs: int = 1
     max_num_batched_tokens: int = 512
     max_queue: int = 256
-    flash_attn: bool = True
+    flash_attn: bool | None = None       # None: on unless the prefix cache is on
     prefix_cache: bool = True
     prefix_cache_size_gb: float = 4.0
 

@@ -62,7 +62,7 @@ class PrefixCache:
                 "sha256": file_identity(Path(llm.resolved.path), entry.sha256 if entry else None),
                 # everything below changes the bytes of a saved sequence state
                 "n_ctx_seq": n_ctx, "n_seq_max": opts.max_num_seqs,
-                "kv_type": "f16", "flash_attn": False, "rope": "model",
+                "kv_type": "f16", "flash_attn": bool(opts.flash_attn), "rope": "model",
                 "llama_cpp": lc.__version__, "format": 1,
             }
             disk = DiskStore(config.cache_dir() / "prefix", identity, budget)

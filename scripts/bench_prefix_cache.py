@@ -160,7 +160,8 @@ async def load_run(url: str, n: int, conc: int, max_tokens: int) -> dict:
 
 def throughput_bench(args, model_path: str) -> dict:
     out = {}
-    configs = [("llmctl", []), ("llmctl --no-prefix-cache", ["--no-prefix-cache"])]
+    configs = [("llmctl", []), ("llmctl --flash-attn on", ["--flash-attn", "on"]),
+               ("llmctl --no-prefix-cache", ["--no-prefix-cache"])]
     for name, extra in configs:
         srv = llmctl_server(args, tempfile.mkdtemp(prefix="llmctl-bench-"), 1024, 16,
                             ["--max-queue", "64", *extra])

@@ -134,3 +134,15 @@ def test_queue_full(llm):
     while done < len(seqs):
         if isinstance(sink.get(timeout=60), (FinishEvent, ErrorEvent)):
             done += 1
+
+
+@pytest.mark.parametrize("setting,cache,expected", [
+    (None, None, True),          # auto without the prefix cache: fastest
+    (None, object(), False),     # auto with it: bit-exact cache hits
+    (True, object(), True),      # asked for: faster, hits may differ slightly
+    (False, None, False),
+])
+def test_flash_attention_choice(setting, cache, expected):
+    from llmctl.runtime.engine import Engine, EngineConfig
+
+    assert Engine._flash_attn(EngineConfig(flash_attn=setting), cache) is expected
