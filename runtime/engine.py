@@ -40,7 +40,6 @@ class _Stream:
         self.sampler = Sampler(model, seq.params, seed)
         self.utf8 = Utf8Stream()
         self.stops = StopMatcher(seq.params.stop)
-        self.last_token_at = 0.0
 
 
 class Engine:
@@ -173,14 +172,9 @@ class Engine:
         self._accept(seq, token)
 
     def _accept(self, seq: Sequence, token: int) -> None:
-        now = time.perf_counter()
         stream = self._streams[seq.id]
         if seq.first_token_at is None:
-            seq.first_token_at = now
-            self.stats.ttft_samples.append(now - seq.arrived)
-        else:
-            self.stats.itl_samples.append(now - stream.last_token_at)
-        stream.last_token_at = now
+            seq.first_token_at = time.perf_counter()
         seq.output.append(token)
         is_eog = self.model.is_eog(token)
         reason = Scheduler.stop_reason(seq, token, is_eog, self.n_ctx_seq)

@@ -3,7 +3,7 @@ TokenEvents, then exactly one FinishEvent or ErrorEvent."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from llmctl.errors import LlmctlError
 
@@ -51,5 +51,3 @@ class EngineStats:
     prompt_tokens_total: int = 0
     cached_tokens_total: int = 0
     generation_tokens_total: int = 0
-    ttft_samples: list[float] = field(default_factory=list)
-    itl_samples: list[float] = field(default_factory=list)
