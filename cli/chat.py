@@ -89,7 +89,7 @@ def chat(
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                             max_tokens=max_tokens)
     load = LoadOptions(ctx_size=ctx_size, threads=threads,
-                       n_gpu_layers=o.gpu_layers_value(n_gpu_layers))
+                       n_gpu_layers=n_gpu_layers)
     with LLM.load(model, load) as llm:
         session = ChatSession(llm, params, system=system)
         if sys.stdin.isatty():

@@ -9,19 +9,7 @@ from typing import Optional
 import typer
 from typing_extensions import Annotated
 
-def gpu_layers_value(value: str) -> str | int:
-    """Typer can't type 'auto|N', so validate here as a usage error."""
-    v = value.strip().lower()
-    if v == "auto":
-        return "auto"
-    try:
-        n = int(v)
-    except ValueError:
-        raise typer.BadParameter(f"{value!r} is not 'auto' or an integer",
-                                 param_hint="--n-gpu-layers") from None
-    if n < -1:
-        raise typer.BadParameter("must be auto, -1 (all) or >= 0", param_hint="--n-gpu-layers")
-    return n
+from llmctl.runtime.planner import parse_gpu_layers
 
 
 ModelArg = Annotated[Optional[str], typer.Argument(
@@ -40,7 +28,13 @@ CtxSize = Annotated[Optional[int], typer.Option(
 Threads = Annotated[Optional[int], typer.Option(
     "--threads", min=1, envvar="LLMCTL_THREADS", help="Default: physical cores.")]
 def _check_gpu_layers(value: str) -> str:
-    gpu_layers_value(value)
+    """Typer can't type 'auto|N'; the planner's own parser decides, and a
+    bad value becomes a usage error here rather than at model load."""
+    try:
+        parse_gpu_layers(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r}: use auto, -1 (all) or a number >= 0",
+                                 param_hint="--n-gpu-layers") from None
     return value
 
 

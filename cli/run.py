@@ -43,7 +43,7 @@ def run(
     # One prompt, one answer: a prefix cache would only cost us flash
     # attention (the engine turns it off for exact cache hits) for no reuse.
     load = LoadOptions(ctx_size=ctx_size, threads=threads, prefix_cache=False,
-                       n_gpu_layers=o.gpu_layers_value(n_gpu_layers))
+                       n_gpu_layers=n_gpu_layers)
 
     def write(chunk: str) -> None:
         sys.stdout.write(chunk)

@@ -57,7 +57,7 @@ def serve(
     if max_num_batched_tokens <= max_num_seqs:
         raise typer.BadParameter("must exceed --max-num-seqs", param_hint="--max-num-batched-tokens")
     load = LoadOptions(ctx_size=ctx_size, threads=threads,
-                       n_gpu_layers=o.gpu_layers_value(n_gpu_layers), max_num_seqs=max_num_seqs,
+                       n_gpu_layers=n_gpu_layers, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens, max_queue=max_queue,
                        prefix_cache=not no_prefix_cache, prefix_cache_size_gb=prefix_cache_size,
                        flash_attn={"auto": None, "on": True, "off": False}[flash_attn.value])
