@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import queue
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 from llmctl.errors import InvalidParams, UsageError
 from llmctl.runtime import planner
@@ -147,13 +147,17 @@ class LLM:
             if not done:
                 self.engine.cancel(seq)
 
-    def complete(self, tokens: list[int], params: SamplingParams) -> Completion:
+    def complete(self, tokens: list[int], params: SamplingParams,
+                 on_text: Callable[[str], None] | None = None) -> Completion:
+        """Generate to the end; `on_text` sees each piece as it streams."""
         parts: list[str] = []
         for event in self.stream(tokens, params):
-            if isinstance(event, TokenEvent):
-                parts.append(event.text)
-            else:
-                parts.append(event.tail)
+            text = event.text if isinstance(event, TokenEvent) else event.tail
+            if text:
+                parts.append(text)
+                if on_text:
+                    on_text(text)
+            if isinstance(event, FinishEvent):
                 return Completion("".join(parts), event.reason, event.usage, event.ttft_s,
                                   event.tokens_per_s, event.duration_s)
         raise RuntimeError("engine stream ended without a finish event")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
-from llmctl.runtime.events import TokenEvent
 from llmctl.runtime.llm import LLM, Completion, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
 
@@ -17,18 +16,7 @@ def run_prompt(model: str | None, prompt: str, params: SamplingParams, load: Loa
     messages = ([{"role": "system", "content": system}] if system else [])
     messages.append({"role": "user", "content": prompt})
     with LLM.load(model, load) as llm:
-        tokens = llm.chat_tokens(messages)
-        parts: list[str] = []
-        for event in llm.stream(tokens, params):
-            text = event.text if isinstance(event, TokenEvent) else event.tail
-            if text:
-                parts.append(text)
-                if on_text:
-                    on_text(text)
-            if not isinstance(event, TokenEvent):
-                return Completion("".join(parts), event.reason, event.usage, event.ttft_s,
-                                  event.tokens_per_s, event.duration_s)
-    raise RuntimeError("generation ended without a finish event")
+        return llm.complete(llm.chat_tokens(messages), params, on_text)
 
 
 def read_prompt(prompt: str) -> str:
