@@ -12,6 +12,7 @@ from typing import Any, Callable
 import click
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from llmctl import config
 from llmctl.errors import LlmctlError
@@ -27,7 +28,8 @@ class State:
 
 
 def fail(message: str, code: int) -> None:
-    err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True) if _color() \
+    # Messages quote user input and file names: escape them so a '[' is text.
+    err.print(f"[bold red]error:[/] {escape(message)}", markup=True, soft_wrap=True) if _color() \
         else print(f"error: {message}", file=sys.stderr)
     raise typer.Exit(code)
 

@@ -73,7 +73,7 @@ def read_gguf_info(path: str | Path) -> GGUFInfo:
     return GGUFInfo(
         architecture=arch,
         name=fields.get("general.name") or path.stem,
-        parameters=sum(t.n_elements for t in header.tensors),
+        parameters=header.n_elements,
         quant=_quant_name(fields),
         context_length=int(fields.get(f"{arch}.context_length") or 0),
         n_layers=int(fields.get(f"{arch}.block_count") or 0),
