@@ -66,17 +66,3 @@ def handle_errors(fn: Callable) -> Callable:
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     sys.stdout.flush()
-
-
-def env_default(name: str, default: Any) -> Any:
-    """Default for an option from `LLMCTL_<NAME>`, typed like `default`."""
-    raw = config.env(name)
-    if raw is None:
-        return default
-    if isinstance(default, bool):
-        return raw.lower() in ("1", "true", "yes", "on")
-    if isinstance(default, int):
-        return int(raw)
-    if isinstance(default, float):
-        return float(raw)
-    return raw

@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from llmctl.cli.common import env_default, err, handle_errors, print_json
+from llmctl.cli.common import err, handle_errors, print_json
 
 HELP = """Download a model from the Hugging Face Hub into the local store.
 
@@ -44,8 +44,8 @@ def register(app: typer.Typer) -> None:
         exclude: Optional[List[str]] = typer.Option(
             None, "--exclude", help="Glob of files to skip (repeatable)."),
         connections: int = typer.Option(
-            env_default("PULL_CONNECTIONS", 16), "--connections", "-c", min=1, max=256,
-            help="Parallel range requests per file (env LLMCTL_PULL_CONNECTIONS)."),
+            16, "--connections", "-c", min=1, max=256, envvar="LLMCTL_PULL_CONNECTIONS",
+            help="Parallel range requests per file."),
         dry_run: bool = typer.Option(False, "--dry-run", help="List the files and sizes; "
                                      "download nothing."),
         json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),

@@ -12,6 +12,7 @@ from llmctl.runtime import planner
 from llmctl.runtime.backend import LlamaModel, supports_gpu_offload
 from llmctl.runtime.engine import Engine, EngineConfig
 from llmctl.runtime.events import ErrorEvent, FinishEvent, TokenEvent, Usage
+from llmctl.runtime.prefix_cache import PrefixCache
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.system import default_threads, list_gpus
 from llmctl.runtime.template import ChatTemplate, normalize_messages
@@ -88,7 +89,7 @@ class LLM:
             resolved.template or self.model.chat_template(),
             bos_token=self.model.token_text(self.model.bos),
             eos_token=self.model.token_text(self.model.eos))
-        self.prefix_cache = self._make_prefix_cache(n_ctx) if opts.prefix_cache else None
+        self.prefix_cache = PrefixCache.for_model(self, n_ctx) if opts.prefix_cache else None
         self.engine = Engine(self.model, EngineConfig(
             n_ctx_seq=n_ctx, max_num_seqs=opts.max_num_seqs,
             max_num_batched_tokens=opts.max_num_batched_tokens, max_queue=opts.max_queue,
@@ -98,13 +99,6 @@ class LLM:
     @classmethod
     def load(cls, model: str | None, opts: LoadOptions | None = None) -> "LLM":
         return cls(resolve_model(model), opts or LoadOptions())
-
-    def _make_prefix_cache(self, n_ctx: int):
-        try:
-            from llmctl.runtime.prefix_cache import PrefixCache
-        except ImportError:
-            return None
-        return PrefixCache.for_model(self, n_ctx)
 
     @property
     def n_ctx(self) -> int:
