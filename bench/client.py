@@ -14,11 +14,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from llmctl.errors import AuthError, LlmctlError, UsageError
-
-
-class ServerUnreachable(LlmctlError):
-    """Nothing answers at the URL (refused, unknown host, timed out)."""
+from llmctl.errors import AuthError, LlmctlError, ServerUnreachable, UsageError
 
 
 @dataclass

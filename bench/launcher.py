@@ -14,13 +14,9 @@ from typing import Iterator
 
 import httpx
 
-from llmctl.errors import LlmctlError
+from llmctl.errors import ServeFailed
 
 STARTUP_TIMEOUT_S = float(os.environ.get("LLMCTL_BENCH_STARTUP_TIMEOUT", "300"))
-
-
-class ServeFailed(LlmctlError):
-    """`llmctl serve` exited or never became healthy."""
 
 
 def free_port() -> int:

@@ -88,3 +88,43 @@ class DiskSpaceError(LlmctlError):
     exit_code = 7
     http_status = 507
     error_type = "insufficient_storage"
+
+
+class PayloadTooLarge(UsageError):
+    """A request body or prompt over the server's configured limit."""
+
+    http_status = 413
+    code = "payload_too_large"
+
+
+class PathEscape(LlmctlError):
+    """A name from outside (a Hub listing, a cache file, a request) would
+    leave the folder it belongs in."""
+
+    exit_code = 6
+    http_status = 400
+    error_type = "invalid_request_error"
+    code = "unsafe_path"
+
+
+class DecodeError(LlmctlError):
+    """llama.cpp's llama_decode failed for a batch; `rc` is its return code
+    (1: no KV room, the memory left as it was before the call)."""
+
+    rc: int = -1
+
+
+class ModelLoading(LlmctlError):
+    """The server is up but its model is not loaded (yet, or it failed)."""
+
+    http_status = 503
+    error_type = "service_unavailable"
+    code = "model_loading"
+
+
+class ServeFailed(LlmctlError):
+    """`llmctl serve` exited or never became healthy."""
+
+
+class ServerUnreachable(LlmctlError):
+    """Nothing answers at the URL (refused, unknown host, timed out)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import llama_cpp as lc
 
-from llmctl.errors import BadModelFile, LlmctlError
+from llmctl.errors import BadModelFile, DecodeError, LlmctlError
 from llmctl.runtime.sampling import SamplingParams
 
 _init_lock = threading.Lock()
@@ -20,6 +20,9 @@ _initialized = False
 
 
 _GGML_LOG_LEVEL_ERROR = 4
+
+# What a saved KV state depends on: the library that wrote it.
+LLAMA_CPP_VERSION: str = lc.__version__
 
 
 @lc.llama_log_callback
@@ -138,10 +141,6 @@ class ContextConfig:
     flash_attn: bool = True
 
 
-class DecodeError(LlmctlError):
-    pass
-
-
 class LlamaContext:
     """One llama_context holding the KV of up to n_seq_max sequences.
 
@@ -195,7 +194,11 @@ class LlamaContext:
         b.n_tokens = n
         rc = lc.llama_decode(self.ptr, b)
         if rc != 0:
-            raise DecodeError(f"llama_decode failed (code {rc}): no KV space left or aborted")
+            err = DecodeError(f"llama_decode failed (code {rc}): "
+                              + ("no KV space left for the batch" if rc == 1 else "aborted or failed"))
+            # rc=1 leaves the KV as it was before the call: a smaller batch may fit.
+            err.rc = rc
+            raise err
         return rows
 
     def logits(self, row: int, n_vocab: int):

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from llmctl.errors import ContextOverflow, InvalidParams, LlmctlError, QueueFull
-from llmctl.runtime.backend import ContextConfig, DecodeError, LlamaContext, LlamaModel, Sampler
+from llmctl.errors import ContextOverflow, DecodeError, InvalidParams, LlmctlError, QueueFull
+from llmctl.runtime.backend import ContextConfig, LlamaContext, LlamaModel, Sampler
 from llmctl.runtime.detok import StopMatcher, Utf8Stream
 from llmctl.runtime.events import EngineStats, ErrorEvent, FinishEvent, TokenEvent, Usage
 from llmctl.runtime.sampling import SamplingParams

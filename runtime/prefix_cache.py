@@ -17,9 +17,8 @@ import hashlib
 import logging
 from pathlib import Path
 
-import llama_cpp as lc
-
 from llmctl import config
+from llmctl.runtime.backend import LLAMA_CPP_VERSION
 from llmctl.runtime.kv_disk import BLOCK, DiskStore, Hit
 from llmctl.runtime.sequence import Sequence
 
@@ -63,7 +62,7 @@ class PrefixCache:
                 # everything below changes the bytes of a saved sequence state
                 "n_ctx_seq": n_ctx, "n_seq_max": opts.max_num_seqs,
                 "kv_type": "f16", "flash_attn": bool(opts.flash_attn), "rope": "model",
-                "llama_cpp": lc.__version__, "format": 1,
+                "llama_cpp": LLAMA_CPP_VERSION, "format": 1,
             }
             disk = DiskStore(config.cache_dir() / "prefix", identity, budget)
         return cls(disk)

@@ -10,17 +10,11 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from llmctl.errors import InvalidParams, LlmctlError
+from llmctl.errors import InvalidParams, ModelLoading
 from llmctl.runtime.llm import LLM
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.server.bridge import EventBridge
 from llmctl.server.metrics import Metrics
-
-
-class Loading(LlmctlError):
-    http_status = 503
-    error_type = "service_unavailable"
-    code = "model_loading"
 
 
 @dataclass
@@ -37,7 +31,7 @@ class ServerState:
 
     def ready(self) -> LLM:
         if self.llm is None:
-            raise Loading(self.load_error or "the model is still loading")
+            raise ModelLoading(self.load_error or "the model is still loading")
         return self.llm
 
     def bridge(self) -> EventBridge:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from llmctl import config
 from llmctl.errors import ModelNotFound
-from llmctl.store.atomic import atomic_write_bytes, file_lock
+from llmctl.files import atomic_write, file_lock
 from llmctl.store.gguf_info import read_gguf_info, sha256_file
 
 
@@ -53,7 +53,7 @@ class StoreIndex:
 
     def _write(self, models: dict[str, dict]) -> None:
         body = json.dumps({"version": 1, "models": models}, indent=2, sort_keys=True)
-        atomic_write_bytes(self.path, body.encode())
+        atomic_write(self.path, body)
 
     def list(self) -> list[ModelEntry]:
         entries = []
