@@ -11,7 +11,7 @@ from typing_extensions import Annotated
 from llmctl import config
 from llmctl.cli import options as o
 from llmctl.cli.common import handle_errors, out, print_json
-from llmctl.cli.models import human_bytes
+from llmctl.cli.common import human_bytes
 from llmctl.runtime import kv_disk
 
 

@@ -66,3 +66,12 @@ def handle_errors(fn: Callable) -> Callable:
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     sys.stdout.flush()
+
+
+def human_bytes(n: float) -> str:
+    """`1.2 GB`-style sizes in decimal units, as disks and the Hub show them."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"

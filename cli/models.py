@@ -7,16 +7,8 @@ from rich.table import Table
 from typing_extensions import Annotated
 
 from llmctl.cli import options as o
-from llmctl.cli.common import handle_errors, out, print_json
+from llmctl.cli.common import handle_errors, human_bytes, out, print_json
 from llmctl.store.manage import list_models, remove_model, show_model
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 def human_count(n: int) -> str:

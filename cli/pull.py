@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from llmctl.cli.common import err, handle_errors, print_json
+from llmctl.cli.common import err, handle_errors, human_bytes, print_json
 
 HELP = """Download a model from the Hugging Face Hub into the local store.
 
@@ -22,14 +22,6 @@ Examples:
   llmctl pull bartowski/Qwen2.5-0.5B-Instruct-GGUF --dry-run
   llmctl pull Qwen/Qwen2.5-0.5B-Instruct        # safetensors, for `llmctl quantize`
 """
-
-
-def _human(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return str(n)
 
 
 def register(app: typer.Typer) -> None:
@@ -62,9 +54,9 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             for f in result.files:
                 state = "  (have it)" if f.cached else ""
-                print(f"{_human(f.size):>10}  {f.path}{state}")
+                print(f"{human_bytes(f.size):>10}  {f.path}{state}")
             total = sum(f.size for f in result.files if not f.cached)
-            print(f"{_human(total):>10}  to download from {result.repo_id}@{result.commit[:12]}")
+            print(f"{human_bytes(total):>10}  to download from {result.repo_id}@{result.commit[:12]}")
             return
         if quiet:
             return
