@@ -61,7 +61,9 @@ def serve(
                        max_num_batched_tokens=max_num_batched_tokens, max_queue=max_queue,
                        prefix_cache=not no_prefix_cache, prefix_cache_size_gb=prefix_cache_size,
                        flash_attn={"auto": None, "on": True, "off": False}[flash_attn.value])
-    serve_model(model, host, port, load, api_key=api_key or None,
+    from llmctl.server.state import HttpPolicy
+
+    serve_model(model, host, port, load, HttpPolicy(api_key=api_key or None),
                 on_ready=lambda url: err.print(f"Serving on {url}/v1 (Ctrl-C to stop)"))
 
 

@@ -20,10 +20,10 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.middleware("http")
     async def _auth(request: Request, call_next):
-        if state.api_key and request.url.path.startswith("/v1"):
+        if state.policy.api_key and request.url.path.startswith("/v1"):
             header = request.headers.get("authorization", "")
             token = header[7:] if header.lower().startswith("bearer ") else ""
-            if not secrets.compare_digest(token.encode(), state.api_key.encode()):
+            if not secrets.compare_digest(token.encode(), state.policy.api_key.encode()):
                 return errors.error_response(AuthError("invalid or missing API key"))
         return await call_next(request)
 

@@ -15,7 +15,8 @@ from llmctl.runtime.llm import LLM
 from llmctl.runtime.sequence import Sequence
 from llmctl.server import errors
 from llmctl.server.protocol import ResponseIds, finish_reason, parse_sampling, stream_options
-from llmctl.server.state import ServerState, json_body, state_of
+from llmctl.server.body import json_body
+from llmctl.server.state import ServerState, state_of
 
 router = APIRouter()
 

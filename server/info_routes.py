@@ -6,7 +6,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from llmctl.errors import InvalidParams
-from llmctl.server.state import json_body, state_of
+from llmctl.server.body import json_body
+from llmctl.server.state import state_of
 
 router = APIRouter()
 

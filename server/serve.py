@@ -12,7 +12,7 @@ from typing import Callable
 from llmctl.errors import UsageError
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.server.app import create_app
-from llmctl.server.state import ServerState
+from llmctl.server.state import HttpPolicy, ServerState
 from llmctl.store.registry import load_registry
 from llmctl.store.resolve import resolve_model
 
@@ -42,13 +42,13 @@ def _check_port(host: str, port: int) -> None:
 
 
 def serve(model: str | None, host: str, port: int, load: LoadOptions,
-          api_key: str | None = None, on_ready: Callable[[str], None] | None = None) -> None:
+          policy: HttpPolicy | None = None, on_ready: Callable[[str], None] | None = None) -> None:
     import uvicorn
 
     resolved = resolve_model(model)
     _check_port(host, port)
     state = ServerState(name=resolved.name, aliases=_aliases(resolved.name, resolved.path.stem),
-                        api_key=api_key)
+                        policy=policy or HttpPolicy())
     app = create_app(state)
 
     def load_model() -> None:

@@ -4,24 +4,33 @@ names, the API key and the metrics."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from llmctl.errors import InvalidParams, ModelLoading
+from llmctl.errors import ModelLoading
 from llmctl.runtime.llm import LLM
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.server.bridge import EventBridge
 from llmctl.server.metrics import Metrics
 
 
+@dataclass(frozen=True)
+class HttpPolicy:
+    """Who may call the server and how much they may send."""
+
+    api_key: str | None = None          # required on every route but /health
+    metrics_public: bool = False        # /metrics without the key, for Prometheus
+    allowed_origins: tuple[str, ...] = ()   # browser origins beyond localhost
+    max_body_bytes: int = 8 << 20
+
+
 @dataclass
 class ServerState:
     name: str
     aliases: set[str] = field(default_factory=set)
-    api_key: str | None = None
+    policy: HttpPolicy = field(default_factory=HttpPolicy)
     defaults: SamplingParams = field(default_factory=SamplingParams)
     llm: LLM | None = None
     load_error: str | None = None
@@ -45,14 +54,3 @@ class ServerState:
 
 def state_of(request: Request) -> ServerState:
     return request.app.state.llmctl
-
-
-async def json_body(request: Request) -> dict:
-    raw = await request.body()
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidParams("the request body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise InvalidParams("the request body must be a JSON object")
-    return body
