@@ -114,6 +114,14 @@ class DecodeError(LlmctlError):
     rc: int = -1
 
 
+class EngineFailed(LlmctlError):
+    """The engine thread has died; the server cannot generate until restarted."""
+
+    http_status = 503
+    error_type = "service_unavailable"
+    code = "engine_failed"
+
+
 class ModelLoading(LlmctlError):
     """The server is up but its model is not loaded (yet, or it failed)."""
 

@@ -2,34 +2,33 @@
 sequences. Requests join the running batch at the next step; every step is
 a single llama_decode over all decoding streams plus prompt chunks.
 
+The scheduler decides who runs and owns each request's state; this file
+carries its plans out with llama.cpp. Failures stay with the sequence that
+caused them: a sampling or detokenizing error fails that request only, and a
+batch llama.cpp has no KV room for is retried in halves.
+
 ctypes releases the GIL inside llama_decode, so callers (the HTTP event
 loop, the chat REPL) stay responsive while the engine computes."""
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
-import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
-from llmctl.errors import ContextOverflow, DecodeError, InvalidParams, LlmctlError, QueueFull
+from llmctl.errors import (ContextOverflow, DecodeError, EngineFailed, InvalidParams,
+                           LlmctlError)
 from llmctl.runtime.backend import ContextConfig, LlamaContext, LlamaModel, Sampler
+from llmctl.runtime.config import EngineShape, LoadOptions
 from llmctl.runtime.detok import StopMatcher, Utf8Stream
-from llmctl.runtime.events import EngineStats, ErrorEvent, FinishEvent, TokenEvent, Usage
+from llmctl.runtime.events import ErrorEvent, FinishEvent, TokenEvent, Usage
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.scheduler import Scheduler, SchedulerConfig, Work
-from llmctl.runtime.sequence import Sequence
+from llmctl.runtime.sequence import Sequence, Status
+from llmctl.runtime.stats import Stats
 
-
-@dataclass(frozen=True)
-class EngineConfig:
-    n_ctx_seq: int = 4096
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 512
-    max_queue: int = 256
-    n_threads: int = 2
-    flash_attn: bool | None = None      # None: on unless the prefix cache is on
+log = logging.getLogger("llmctl.engine")
 
 
 class _Stream:
@@ -43,40 +42,37 @@ class _Stream:
 
 
 class Engine:
-    def __init__(self, model: LlamaModel, cfg: EngineConfig, prefix_cache: Any = None):
+    """Runs requests on one model. Raises EngineFailed from `submit` once
+    its thread has died; `alive` and `failure` say so to health checks."""
+
+    def __init__(self, model: LlamaModel, opts: LoadOptions, shape: EngineShape,
+                 prefix_cache: Any = None):
         self.model = model
-        self.cfg = cfg
+        self.flash_attn = opts.use_flash_attn
         self.ctx = LlamaContext(model, ContextConfig(
-            n_ctx_seq=cfg.n_ctx_seq, n_seq_max=cfg.max_num_seqs,
-            n_batch=cfg.max_num_batched_tokens, n_threads=cfg.n_threads,
-            flash_attn=self._flash_attn(cfg, prefix_cache)))
+            n_ctx_seq=shape.n_ctx_seq, n_seq_max=opts.max_num_seqs,
+            n_batch=opts.max_num_batched_tokens, n_threads=shape.n_threads,
+            flash_attn=self.flash_attn))
         self.n_ctx_seq = self.ctx.n_ctx_seq
+        self.max_num_seqs = opts.max_num_seqs
         self.scheduler = Scheduler(SchedulerConfig(
-            cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_queue,
+            opts.max_num_seqs, opts.max_num_batched_tokens, opts.max_queue,
             prefix_sharing=prefix_cache is not None))
         self.prefix_cache = prefix_cache
-        self.stats = EngineStats()
+        self.failure: str | None = None
         self._streams: dict[int, _Stream] = {}
-        self._inbox: list[Sequence] = []
         self._cv = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="llmctl-engine", daemon=True)
         self._thread.start()
-
-    @staticmethod
-    def _flash_attn(cfg: EngineConfig, prefix_cache: Any) -> bool:
-        # CPU flash attention picks its kernel by how many query rows a chunk
-        # has, so a token's logits depend on how its prompt was split; a
-        # prefix hit could then change greedy output. Off by default with
-        # the cache (bit-exact hits); on is faster but hits may differ.
-        return cfg.flash_attn if cfg.flash_attn is not None else prefix_cache is None
 
     # ---- called from any thread -------------------------------------------------
 
     def submit(self, prompt: list[int], params: SamplingParams,
                emit: Callable[[Any], None]) -> Sequence:
         """Queue a request. Raises (before anything streams) when it can never
-        run: an empty or too-long prompt, or a full queue."""
+        run: InvalidParams for an empty prompt, ContextOverflow when it does
+        not fit, QueueFull, or EngineFailed."""
         if not prompt:
             raise InvalidParams("the prompt is empty", param="prompt")
         want = params.max_tokens or 1
@@ -84,37 +80,35 @@ class Engine:
             raise ContextOverflow(
                 f"prompt ({len(prompt)} tokens) plus max_tokens ({want}) exceeds the "
                 f"context of {self.n_ctx_seq} tokens", param="max_tokens")
+        if not self.alive:
+            raise EngineFailed(f"the engine has stopped: {self.failure or 'shut down'}")
         max_new = params.max_tokens or (self.n_ctx_seq - len(prompt))
         seq = Sequence(prompt=prompt, params=params, max_new=max_new, emit=emit)
+        self.scheduler.add(seq)
         with self._cv:
-            # Requests that will find a free slot at the next step are not queued.
-            queued = len(self._inbox) + len(self.scheduler.waiting) - len(self.scheduler.free_slots)
-            if queued >= self.cfg.max_queue:
-                raise QueueFull("server busy: the request queue is full, retry shortly")
-            self._inbox.append(seq)
             self._cv.notify()
         return seq
 
     def cancel(self, seq: Sequence) -> None:
-        seq.cancelled = True
+        self.scheduler.cancel(seq)
         with self._cv:
             self._cv.notify()
 
-    @property
-    def n_waiting(self) -> int:
-        return len(self.scheduler.waiting) + len(self._inbox)
+    def stats(self) -> Stats:
+        return self.scheduler.make_stats()
 
     @property
-    def n_running(self) -> int:
-        return len(self.scheduler.running)
+    def alive(self) -> bool:
+        return self.failure is None and not self._stopping and self._thread.is_alive()
 
     def close(self) -> None:
+        """Stop after the current step; unfinished requests end cancelled and
+        queued prefix-cache writes are flushed."""
         with self._cv:
             self._stopping = True
             self._cv.notify()
-        self._thread.join(timeout=30)
-        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
-            self._finish(seq, "cancelled")
+        self._thread.join(timeout=60)
+        self._end_all(lambda seq: self._finish(seq, "cancelled"))
         if self.prefix_cache is not None:
             self.prefix_cache.close()
         self.ctx.close()
@@ -122,60 +116,82 @@ class Engine:
     # ---- the engine thread ------------------------------------------------------
 
     def _run(self) -> None:
-        while True:
-            with self._cv:
-                while not (self._inbox or self.scheduler.has_work() or self._stopping):
-                    self._cv.wait()
-                if self._stopping:
-                    return
-                for seq in self._inbox:
-                    self.scheduler.waiting.append(seq)
-                self._inbox.clear()
-            try:
+        try:
+            while True:
+                with self._cv:
+                    while not (self.scheduler.has_work() or self._stopping):
+                        self._cv.wait()
+                    if self._stopping:
+                        return
                 self._step()
-            except Exception as e:  # never let one bad step kill the server
-                self._fail_all(e)
+        except BaseException as e:   # a bug in shared state: stop serving, say why
+            self.failure = f"{type(e).__name__}: {e}"
+            log.exception("engine thread died")
+            self._end_all(lambda seq: self._fail(seq, e))
 
     def _step(self) -> None:
-        for seq in [s for s in self.scheduler.running + list(self.scheduler.waiting) if s.cancelled]:
-            self._finish(seq, "cancelled")
+        for seq in self.scheduler.take_cancelled():
+            self._guard(seq, self._finish, seq, "cancelled")
         self._admit()
         plan = self.scheduler.schedule()
-        if not plan:
-            return
+        if plan:
+            self._decode(plan)
+
+    def _guard(self, seq: Sequence, fn: Callable, *args: Any) -> None:
+        """Run one sequence's share of a step; its error fails it alone."""
         try:
-            rows = self.ctx.decode([(w.seq.slot, w.tokens, w.pos, w.sample) for w in plan])
-        except DecodeError as e:
-            for w in plan:
-                self._fail(w.seq, e)
-            return
-        for w, row in zip(plan, rows):
-            self._advance(w, row)
+            fn(*args)
+        except Exception as e:
+            log.warning("request %d failed: %s: %s", seq.id, type(e).__name__, e)
+            self._fail(seq, e)
 
     def _admit(self) -> None:
         admitted = self.scheduler.admit()
         for seq in admitted:
-            self._streams[seq.id] = _Stream(self.model, seq)
+            self._guard(seq, self._open_stream, seq)
         if self.prefix_cache is not None:
             # Waiters get their KV once their leader has computed the prefix.
-            ready = [s for s in admitted if s.wait_for is None]
-            self.prefix_cache.attach(self.ctx, ready + self.scheduler.release_waiters())
+            ready = [s for s in admitted if s.status is Status.PREFILLING]
+            failed = self.prefix_cache.attach(self.ctx, ready + self.scheduler.release_waiters())
+            for seq, e in failed:
+                self._fail(seq, e)
+
+    def _open_stream(self, seq: Sequence) -> None:
+        self._streams[seq.id] = _Stream(self.model, seq)
+
+    def _decode(self, plan: list[Work]) -> None:
+        """One llama_decode for the plan, then a sample per finished chunk.
+        With no KV room (rc=1, the memory left as it was) the plan is split
+        in halves, as llama-server does; logits are consumed before the next
+        decode overwrites them."""
+        try:
+            rows = self.ctx.decode([(w.seq.slot, w.tokens, w.pos, w.sample) for w in plan])
+        except DecodeError as e:
+            halves = _split(plan) if e.rc == 1 else None
+            if halves is None:
+                for w in plan:
+                    self._fail(w.seq, e)
+                return
+            log.debug("llama_decode found no KV room for %d items; retrying in halves", len(plan))
+            for half in halves:
+                self._decode([w for w in half if w.seq.status.has_slot])
+            return
+        for w, row in zip(plan, rows):
+            self._guard(w.seq, self._advance, w, row)
 
     def _advance(self, w: Work, row: int) -> None:
         seq = w.seq
-        seq.n_computed += len(w.tokens)
+        self.scheduler.on_computed(seq, len(w.tokens))
         if not w.sample or seq.cancelled:
             return
-        if self.prefix_cache is not None and len(seq.output) == 0:
+        if self.prefix_cache is not None and not seq.output:
             self.prefix_cache.on_prefilled(self.ctx, seq)
         token = self._streams[seq.id].sampler.sample(self.ctx, row)
         self._accept(seq, token)
 
     def _accept(self, seq: Sequence, token: int) -> None:
         stream = self._streams[seq.id]
-        if seq.first_token_at is None:
-            seq.first_token_at = time.perf_counter()
-        seq.output.append(token)
+        self.scheduler.on_token(seq, token)
         is_eog = self.model.is_eog(token)
         reason = Scheduler.stop_reason(seq, token, is_eog, self.n_ctx_seq)
         if not (is_eog and reason == "stop"):
@@ -198,7 +214,7 @@ class Engine:
                 tail += stream.stops.flush()
             stream.sampler.close()
         park = None
-        if seq.slot >= 0 and seq in self.scheduler.running:
+        if seq.status.has_slot:
             if self.prefix_cache is not None and self.scheduler.should_park(seq):
                 # The slot keeps its KV for later requests that share a prefix.
                 self.prefix_cache.on_finished(self.ctx, seq)
@@ -206,8 +222,7 @@ class Engine:
             else:
                 self.ctx.seq_rm(seq.slot)
         self.scheduler.finish(seq, reason, park)
-        seq.finished_at = now = time.perf_counter()
-        self._count(seq)
+        now = seq.finished_at
         first = seq.first_token_at or now
         seq.emit(FinishEvent(
             reason=seq.finish_reason or reason,
@@ -215,21 +230,38 @@ class Engine:
             ttft_s=first - seq.arrived, duration_s=now - seq.arrived,
             decode_s=now - first, tail=tail))
 
-    def _count(self, seq: Sequence) -> None:
-        s = self.stats
-        s.requests_total += 1
-        s.prompt_tokens_total += len(seq.prompt)
-        s.cached_tokens_total += seq.n_cached
-        s.generation_tokens_total += len(seq.output)
-
-    def _fail(self, seq: Sequence, error: Exception) -> None:
-        err = error if isinstance(error, LlmctlError) else LlmctlError(f"{type(error).__name__}: {error}")
-        self._streams.pop(seq.id, None)
-        if seq in self.scheduler.running:
-            self.ctx.seq_rm(seq.slot)
+    def _fail(self, seq: Sequence, error: BaseException) -> None:
+        """End one request with an error event; never raises."""
+        err = error if isinstance(error, LlmctlError) else \
+            LlmctlError(f"generation failed: {type(error).__name__}: {error}")
+        stream = self._streams.pop(seq.id, None)
+        try:
+            if stream is not None:
+                stream.sampler.close()
+            if seq.status.has_slot:
+                self.ctx.seq_rm(seq.slot)
+        except Exception:
+            log.exception("cleaning up request %d", seq.id)
         self.scheduler.finish(seq, "error")
         seq.emit(ErrorEvent(err))
 
-    def _fail_all(self, error: Exception) -> None:
-        for seq in list(self.scheduler.running):
-            self._fail(seq, error)
+    def _end_all(self, end: Callable[[Sequence], None]) -> None:
+        for seq in list(self.scheduler.running) + self.scheduler.take_all_waiting():
+            try:
+                end(seq)
+            except Exception:
+                log.exception("ending request %d", seq.id)
+
+
+def _split(plan: list[Work]) -> tuple[list[Work], list[Work]] | None:
+    """Two halves of a plan that is worth retrying smaller: by items, or a
+    lone prompt chunk by tokens. None when it is one token already."""
+    if len(plan) > 1:
+        mid = len(plan) // 2
+        return plan[:mid], plan[mid:]
+    w = plan[0]
+    if len(w.tokens) < 2:
+        return None
+    mid = len(w.tokens) // 2
+    return ([Work(w.seq, w.tokens[:mid], w.pos, False)],
+            [Work(w.seq, w.tokens[mid:], w.pos + mid, w.sample)])

@@ -43,11 +43,3 @@ class FinishEvent:
 @dataclass
 class ErrorEvent:
     error: LlmctlError
-
-
-@dataclass
-class EngineStats:
-    requests_total: int = 0
-    prompt_tokens_total: int = 0
-    cached_tokens_total: int = 0
-    generation_tokens_total: int = 0

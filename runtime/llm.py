@@ -3,17 +3,22 @@ share: load by reference, turn messages into tokens, stream a completion."""
 
 from __future__ import annotations
 
+import asyncio
 import queue
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from llmctl.errors import InvalidParams, UsageError
+from llmctl.errors import ContextOverflow, InvalidParams
 from llmctl.runtime import planner
 from llmctl.runtime.backend import LlamaModel, supports_gpu_offload
-from llmctl.runtime.engine import Engine, EngineConfig
+from llmctl.runtime.bridge import EventBridge
+from llmctl.runtime.config import EngineShape, LoadOptions
+from llmctl.runtime.engine import Engine
 from llmctl.runtime.events import ErrorEvent, FinishEvent, TokenEvent, Usage
 from llmctl.runtime.prefix_cache import PrefixCache
 from llmctl.runtime.sampling import SamplingParams
+from llmctl.runtime.sequence import Sequence
+from llmctl.runtime.stats import Stats
 from llmctl.runtime.system import default_threads, list_gpus
 from llmctl.runtime.template import ChatTemplate, normalize_messages
 from llmctl.store.resolve import ResolvedModel, resolve_model
@@ -21,31 +26,12 @@ from llmctl.store.resolve import ResolvedModel, resolve_model
 DEFAULT_CTX = 4096
 
 
-@dataclass(frozen=True)
-class LoadOptions:
-    ctx_size: int | None = None          # tokens per sequence
-    threads: int | None = None
-    n_gpu_layers: str | int = "auto"
-    max_num_seqs: int = 1
-    max_num_batched_tokens: int = 512
-    max_queue: int = 256
-    flash_attn: bool | None = None       # None: on unless the prefix cache is on
-    prefix_cache: bool = True
-    prefix_cache_size_gb: float = 4.0
+# Longer texts cannot fit the context whatever the tokenizer does: no
+# vocabulary has tokens this long on average. Checked before tokenizing, so
+# a huge prompt is refused without allocating a token array for it.
+MAX_CHARS_PER_TOKEN = 128
 
-    def __post_init__(self) -> None:
-        if self.ctx_size is not None and self.ctx_size < 64:
-            raise UsageError("ctx_size must be at least 64 tokens")
-        if self.threads is not None and self.threads < 1:
-            raise UsageError("threads must be >= 1")
-        if self.max_num_seqs < 1:
-            raise UsageError("max_num_seqs must be >= 1")
-        if self.max_num_batched_tokens <= self.max_num_seqs:
-            raise UsageError("max_num_batched_tokens must exceed max_num_seqs")
-        try:
-            planner.parse_gpu_layers(self.n_gpu_layers)
-        except ValueError as e:
-            raise UsageError(f"invalid n_gpu_layers {self.n_gpu_layers!r}: use auto or a number") from e
+__all__ = ["LLM", "LoadOptions", "Completion", "AsyncStream"]
 
 
 @dataclass
@@ -89,12 +75,13 @@ class LLM:
             resolved.template or self.model.chat_template(),
             bos_token=self.model.token_text(self.model.bos),
             eos_token=self.model.token_text(self.model.eos))
-        self.prefix_cache = PrefixCache.for_model(self, n_ctx) if opts.prefix_cache else None
-        self.engine = Engine(self.model, EngineConfig(
-            n_ctx_seq=n_ctx, max_num_seqs=opts.max_num_seqs,
-            max_num_batched_tokens=opts.max_num_batched_tokens, max_queue=opts.max_queue,
-            n_threads=opts.threads or default_threads(), flash_attn=opts.flash_attn),
-            prefix_cache=self.prefix_cache)
+        self.prefix_cache = PrefixCache() if opts.prefix_cache else None
+        self.engine = Engine(self.model, opts,
+                             EngineShape(n_ctx_seq=n_ctx, n_threads=opts.threads or default_threads()),
+                             prefix_cache=self.prefix_cache)
+        if self.prefix_cache is not None:
+            self.prefix_cache.open_disk(self, self.engine)
+        self._bridges: dict[int, EventBridge] = {}
 
     @classmethod
     def load(cls, model: str | None, opts: LoadOptions | None = None) -> "LLM":
@@ -111,8 +98,13 @@ class LLM:
         return self.text_tokens(text)
 
     def text_tokens(self, text: str) -> list[int]:
+        """Tokens of a prompt text. Raises InvalidParams for a non-string and
+        ContextOverflow, before tokenizing, for a text far too long to fit."""
         if not isinstance(text, str):
             raise InvalidParams("prompt must be a string", param="prompt")
+        if len(text) > self.n_ctx * MAX_CHARS_PER_TOKEN:
+            raise ContextOverflow(f"the prompt ({len(text):,} characters) cannot fit the context "
+                                  f"of {self.n_ctx} tokens", param="prompt")
         # Templates usually write the BOS text themselves; adding another
         # would give the model a doubled BOS it never saw in training.
         bos_text = self.template.bos_token
@@ -156,6 +148,21 @@ class LLM:
                                   event.tokens_per_s, event.duration_s)
         raise RuntimeError("engine stream ended without a finish event")
 
+    def open_stream(self, tokens: list[int], params: SamplingParams) -> "AsyncStream":
+        """Submit a request for an asyncio consumer (call it on the event
+        loop). Raises what Engine.submit raises, before anything streams."""
+        loop = asyncio.get_running_loop()
+        bridge = self._bridges.get(id(loop))
+        if bridge is None or bridge.loop is not loop:
+            bridge = self._bridges[id(loop)] = EventBridge(loop)
+        events: asyncio.Queue = asyncio.Queue()
+        return AsyncStream(self.engine, self.engine.submit(tokens, params, bridge.sink(events)),
+                           events)
+
+    def stats(self) -> Stats:
+        """The engine's counters: the one source for every stats view."""
+        return self.engine.stats()
+
     def close(self) -> None:
         self.engine.close()
         self.model.close()
@@ -164,4 +171,44 @@ class LLM:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncStream:
+    """One submitted request's events, read on an event loop: batches of
+    TokenEvents ending with one FinishEvent or ErrorEvent. Closing it before
+    the end (or leaving its `async with`) cancels the request, which frees
+    its slot at the engine's next step."""
+
+    def __init__(self, engine: Engine, seq: Sequence, events: asyncio.Queue):
+        self._engine = engine
+        self.seq = seq
+        self._events = events
+        self.done = False
+
+    @property
+    def n_prompt(self) -> int:
+        return len(self.seq.prompt)
+
+    async def next_batch(self, timeout: float | None = None) -> list:
+        """Every event that has arrived, waiting for at least one. Raises
+        asyncio.TimeoutError when none comes within `timeout` seconds."""
+        first = await asyncio.wait_for(self._events.get(), timeout) if timeout \
+            else await self._events.get()
+        batch = [first]
+        while not self._events.empty():
+            batch.append(self._events.get_nowait())
+        if any(isinstance(e, (FinishEvent, ErrorEvent)) for e in batch):
+            self.done = True
+        return batch
+
+    def close(self) -> None:
+        if not self.done:
+            self.done = True
+            self._engine.cancel(self.seq)
+
+    async def __aenter__(self) -> "AsyncStream":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
         self.close()

@@ -43,52 +43,62 @@ def file_identity(path: Path, sha256: str | None) -> str:
 
 
 class PrefixCache:
-    def __init__(self, disk: DiskStore | None):
-        self.disk = disk
-        self.hit_tokens_memory = 0
-        self.hit_tokens_disk = 0
+    """Moves KV between slots and the disk on the engine's behalf. Memory
+    sharing works from construction; `open_disk` adds the disk store."""
 
-    @classmethod
-    def for_model(cls, llm, n_ctx: int) -> "PrefixCache":
+    def __init__(self, disk: DiskStore | None = None):
+        self.disk = disk
+
+    def open_disk(self, llm, engine) -> None:
+        """Key the disk store by everything that changes the bytes of a saved
+        sequence state, reading the engine's own settings (its flash
+        attention decision among them) so the key can't drift from them."""
         opts = llm.opts
-        disk = None
         budget = int(opts.prefix_cache_size_gb * 1e9)
-        if budget > 0:
-            entry = llm.resolved.entry
-            identity = {
-                "model": llm.resolved.name,
-                "path": str(llm.resolved.path),
-                "sha256": file_identity(Path(llm.resolved.path), entry.sha256 if entry else None),
-                # everything below changes the bytes of a saved sequence state
-                "n_ctx_seq": n_ctx, "n_seq_max": opts.max_num_seqs,
-                "kv_type": "f16", "flash_attn": bool(opts.flash_attn), "rope": "model",
-                "llama_cpp": LLAMA_CPP_VERSION, "format": 1,
-            }
-            disk = DiskStore(config.cache_dir() / "prefix", identity, budget)
-        return cls(disk)
+        if budget <= 0:
+            return
+        entry = llm.resolved.entry
+        identity = {
+            "model": llm.resolved.name,
+            "path": str(llm.resolved.path),
+            "sha256": file_identity(Path(llm.resolved.path), entry.sha256 if entry else None),
+            "n_ctx_seq": engine.n_ctx_seq, "n_seq_max": engine.max_num_seqs,
+            "kv_type": "f16", "flash_attn": engine.flash_attn, "rope": "model",
+            "llama_cpp": LLAMA_CPP_VERSION, "format": 1,
+        }
+        self.disk = DiskStore(config.cache_dir() / "prefix", identity, budget)
 
     # ---- engine hooks (engine thread) ------------------------------------------
 
-    def attach(self, ctx, seqs: list[Sequence]) -> None:
-        """Give each newly started sequence the KV its plan names."""
+    def attach(self, ctx, seqs: list[Sequence]) -> list[tuple[Sequence, Exception]]:
+        """Give each newly started sequence the KV its plan names. Returns
+        the sequences that failed, with their errors; the rest go on."""
         copy_sources: set[int] = set()
+        failed = []
         for seq in seqs:
-            src, n = seq.kv_src
-            hit = self._disk_hit(seq, n)
-            # A state_set into a slot that a copy still has to read (the copy
-            # runs at the next decode) would hand the copy the wrong bytes.
-            if hit is not None and seq.slot not in copy_sources:
-                restored = self._restore(ctx, seq, hit)
-                if restored:
-                    continue
-                if restored is None and src == seq.slot:
-                    n = 0       # the failed restore wiped the slot's own prefix
-            if src != seq.slot:
-                ctx.seq_cp(src, seq.slot)
-                copy_sources.add(src)
-            ctx.seq_rm(seq.slot, n, -1)
-            seq.n_computed = seq.n_cached = n
-            self.hit_tokens_memory += n
+            try:
+                self._attach_one(ctx, seq, copy_sources)
+            except Exception as e:
+                log.warning("prefix reuse for request %d failed: %s", seq.id, e)
+                failed.append((seq, e))
+        return failed
+
+    def _attach_one(self, ctx, seq: Sequence, copy_sources: set[int]) -> None:
+        src, n = seq.kv_src
+        hit = self._disk_hit(seq, n)
+        # A state_set into a slot that a copy still has to read (the copy
+        # runs at the next decode) would hand the copy the wrong bytes.
+        if hit is not None and seq.slot not in copy_sources:
+            restored = self._restore(ctx, seq, hit)
+            if restored:
+                return
+            if restored is None and src == seq.slot:
+                n = 0       # the failed restore wiped the slot's own prefix
+        if src != seq.slot:
+            ctx.seq_cp(src, seq.slot)
+            copy_sources.add(src)
+        ctx.seq_rm(seq.slot, n, -1)
+        seq.n_computed = seq.n_cached = n
 
     def _disk_hit(self, seq: Sequence, n_memory: int) -> Hit | None:
         if self.disk is None or len(seq.prompt) - n_memory < BLOCK // 4:
@@ -111,7 +121,7 @@ class PrefixCache:
             return None
         ctx.seq_rm(seq.slot, hit.n, -1)
         seq.n_computed = seq.n_cached = hit.n
-        self.hit_tokens_disk += hit.n
+        seq.cached_from_disk = True
         return True
 
     def on_prefilled(self, ctx, seq: Sequence) -> None:

@@ -3,6 +3,7 @@ function has to pass fifteen keyword arguments along."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -15,6 +16,8 @@ def _number(name: str, value: Any, *, integer: bool = False) -> None:
         raise InvalidParams(f"{name} must be {kind}, got {type(value).__name__}", param=name)
     if integer and not isinstance(value, int):
         raise InvalidParams(f"{name} must be an integer, got {value!r}", param=name)
+    if not math.isfinite(value):
+        raise InvalidParams(f"{name} must be a finite number, got {value!r}", param=name)
 
 
 @dataclass(frozen=True)

@@ -17,26 +17,25 @@ new system prompt thus compute it once."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from llmctl.errors import QueueFull
 from llmctl.runtime.sequence import Sequence, Status
+from llmctl.runtime.stats import Stats, StatsCollector
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
+    """Limits the scheduler enforces; validated once, in LoadOptions."""
+
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
     max_queue: int = 256
     prefix_sharing: bool = False
     min_share: int = 32         # shorter prefixes are not worth a copy or a wait
-
-    def __post_init__(self) -> None:
-        if self.max_num_seqs < 1:
-            raise ValueError("max_num_seqs must be >= 1")
-        if self.max_num_batched_tokens < self.max_num_seqs + 1:
-            raise ValueError("max_num_batched_tokens must exceed max_num_seqs")
 
 
 @dataclass
@@ -48,31 +47,73 @@ class Work:
 
 
 class Scheduler:
+    """Owns the request lifecycle: the waiting queue, the slots (free, busy
+    or parked with KV), each sequence's Status, and the statistics.
+
+    `add`, `cancel`, `counts` and `make_stats` may be called from any
+    thread; everything else runs on the engine thread."""
+
     def __init__(self, cfg: SchedulerConfig):
         self.cfg = cfg
-        self.waiting: deque[Sequence] = deque()
+        self._lock = threading.Lock()       # guards _waiting against add()
+        self._waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.free_slots = list(range(cfg.max_num_seqs - 1, -1, -1))
-        self.parked: OrderedDict[int, list[int]] = OrderedDict()   # slot -> tokens in its KV
+        self._free = list(range(cfg.max_num_seqs - 1, -1, -1))
+        self._parked: OrderedDict[int, list[int]] = OrderedDict()   # slot -> tokens in its KV
+        self._stats = StatsCollector()
+
+    # ---- any thread -------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
-        if len(self.waiting) >= self.cfg.max_queue:
-            raise QueueFull(f"server busy: {len(self.waiting)} requests already waiting")
-        self.waiting.append(seq)
+        """Queue a request. Raises QueueFull when more than `max_queue`
+        requests would wait beyond the slots (free or parked) that can take
+        them at the next step."""
+        with self._lock:
+            queued = len(self._waiting) - len(self._free) - len(self._parked)
+            if queued >= self.cfg.max_queue:
+                raise QueueFull("server busy: the request queue is full, retry shortly")
+            seq.status = Status.WAITING
+            self._waiting.append(seq)
+
+    @staticmethod
+    def cancel(seq: Sequence) -> None:
+        """Mark a request cancelled; the engine finishes it at its next step."""
+        seq.cancelled = True
+
+    def counts(self) -> tuple[int, int, int, int]:
+        """(running, waiting, parked slots, free slots)."""
+        return len(self.running), len(self._waiting), len(self._parked), len(self._free)
+
+    def make_stats(self) -> Stats:
+        return self._stats.snapshot(*self.counts())
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self._waiting or self.running)
+
+    # ---- engine thread: admission -----------------------------------------------
+
+    def take_cancelled(self) -> list[Sequence]:
+        with self._lock:
+            waiting = [s for s in self._waiting if s.cancelled]
+        return [s for s in self.running if s.cancelled] + waiting
+
+    def take_all_waiting(self) -> list[Sequence]:
+        with self._lock:
+            return list(self._waiting)
 
     def admit(self) -> list[Sequence]:
         """Move waiting sequences into slots, oldest first. A free slot or a
         parked one (evicted least recently used) is taken; a parked slot
         whose tokens best match the prompt is preferred."""
         admitted = []
-        while self.waiting and (self.free_slots or self.parked):
-            seq = self.waiting.popleft()
+        while self._free or self._parked:
+            with self._lock:
+                if not self._waiting:
+                    break
+                seq = self._waiting.popleft()
             seq.slot, n_in_place = self._take_slot(seq.prompt)
             seq.kv_src = (seq.slot, n_in_place)
-            seq.status = Status.RUNNING
+            seq.status = Status.PREFILLING
             self.running.append(seq)
             if self.cfg.prefix_sharing:
                 self._plan_prefix(seq)
@@ -81,20 +122,20 @@ class Scheduler:
 
     def _take_slot(self, prompt: list[int]) -> tuple[int, int]:
         best, best_n = -1, 0
-        for slot, tokens in self.parked.items():
+        for slot, tokens in self._parked.items():
             n = usable_prefix(tokens, prompt)
             if n > best_n:
                 best, best_n = slot, n
         if best_n >= self.cfg.min_share:
-            del self.parked[best]
+            del self._parked[best]
             return best, best_n
-        if self.free_slots:
+        if self._free:
             # Lowest id first: llama.cpp packs only runs of consecutive seq
             # ids into one ubatch, so compact slots mean fewer, fuller ubatches.
-            slot = min(self.free_slots)
-            self.free_slots.remove(slot)
+            slot = min(self._free)
+            self._free.remove(slot)
             return slot, 0
-        slot, _ = self.parked.popitem(last=False)
+        slot, _ = self._parked.popitem(last=False)
         return slot, 0
 
     def _plan_prefix(self, seq: Sequence) -> None:
@@ -103,21 +144,23 @@ class Scheduler:
         src, n = seq.kv_src
         leader, target = None, 0
         for other in self.running:
-            if other is seq or other.wait_for is not None:
+            if other is seq or other.status is Status.WAITING_PREFIX:
                 continue
             shared = usable_prefix(other.tokens, seq.prompt)
             have = min(shared, other.n_computed)
             if have > n and have >= self.cfg.min_share:
                 src, n = other.slot, have
-            if not other.prefilled and shared - have >= self.cfg.min_share and shared > target:
+            if (other.status is Status.PREFILLING and shared - have >= self.cfg.min_share
+                    and shared > target):
                 leader, target = other, shared
-        for slot, tokens in self.parked.items():
+        for slot, tokens in self._parked.items():
             have = usable_prefix(tokens, seq.prompt)
             if have > n and have >= self.cfg.min_share:
                 src, n = slot, have
         seq.kv_src = (src, n) if n else (seq.slot, 0)
         if leader is not None and target >= n + self.cfg.min_share:
             seq.wait_for, seq.wait_until = leader, target
+            seq.status = Status.WAITING_PREFIX
 
     def release_waiters(self) -> list[Sequence]:
         """Sequences whose leader has computed what they wait for (or is
@@ -125,53 +168,91 @@ class Scheduler:
         ready = []
         for seq in self.running:
             lead = seq.wait_for
-            if lead is None:
+            if seq.status is not Status.WAITING_PREFIX or lead is None:
                 continue
-            if lead.status is Status.RUNNING and lead.n_computed < seq.wait_until:
+            if lead.status.has_slot and lead.n_computed < seq.wait_until:
                 continue
             seq.wait_for = None
+            seq.status = Status.PREFILLING
             src, n = seq.kv_src
             if src != seq.slot:
                 seq.kv_src = (seq.slot, 0)
             self._plan_prefix(seq)
-            ready.append(seq)
+            if seq.status is Status.PREFILLING:
+                ready.append(seq)
         return ready
 
+    # ---- engine thread: steps ---------------------------------------------------
+
     def schedule(self) -> list[Work]:
-        """Plan one llama_decode call."""
+        """Plan one llama_decode call: a token per decoding sequence, then
+        prompt chunks, oldest first, up to the token budget."""
         budget = self.cfg.max_num_batched_tokens
         plan: list[Work] = []
         for seq in self.running:
-            if seq.prefilled and seq.output:
+            if seq.status is Status.DECODING:
                 plan.append(Work(seq, [seq.output[-1]], seq.n_computed, True))
                 budget -= 1
         for seq in self.running:
             if budget <= 0:
                 break
-            if not seq.prefilled and seq.wait_for is None:
-                chunk = seq.next_chunk(budget)
+            if seq.status is Status.PREFILLING:
+                chunk = seq.prompt[seq.n_computed:seq.n_computed + budget]
                 done = seq.n_computed + len(chunk) >= len(seq.prompt)
                 plan.append(Work(seq, chunk, seq.n_computed, done))
                 budget -= len(chunk)
         return plan
 
+    @staticmethod
+    def on_computed(seq: Sequence, n: int) -> None:
+        """`n` more of the sequence's tokens are now in its KV."""
+        seq.n_computed += n
+
+    @staticmethod
+    def on_token(seq: Sequence, token: int) -> None:
+        """A token was sampled: the sequence decodes from now on."""
+        if seq.first_token_at is None:
+            seq.first_token_at = time.perf_counter()
+        seq.output.append(token)
+        seq.status = Status.DECODING
+
     def finish(self, seq: Sequence, reason: str, park: list[int] | None = None) -> None:
-        """Release the slot: park it with `park`, the tokens whose KV it still
-        holds, or free it (then its KV is the engine's to clear)."""
+        """End a request and count it. Its slot is parked with `park`, the
+        tokens whose KV it still holds, or freed (then its KV is the
+        engine's to clear)."""
+        if seq.status is Status.FINISHED:
+            return
+        had_slot = seq.status.has_slot
         seq.status = Status.FINISHED
         seq.finish_reason = seq.finish_reason or reason
-        if seq in self.running:
+        seq.finished_at = time.perf_counter()
+        if had_slot:
             self.running.remove(seq)
             if park is not None and len(park) >= self.cfg.min_share:
-                self.parked[seq.slot] = park
+                self._parked[seq.slot] = park
             else:
-                self.free_slots.append(seq.slot)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
+                self._free.append(seq.slot)
+        else:
+            with self._lock:
+                if seq in self._waiting:
+                    self._waiting.remove(seq)
+        outcome = reason if reason in ("error", "cancelled") else "ok"
+        first = seq.first_token_at
+        self._stats.record(outcome, len(seq.prompt), seq.n_cached,
+                           seq.n_cached if seq.cached_from_disk else 0, len(seq.output),
+                           None if first is None else first - seq.arrived,
+                           0.0 if first is None else seq.finished_at - first)
 
     def should_park(self, seq: Sequence) -> bool:
-        return (self.cfg.prefix_sharing and seq.wait_for is None
+        return (self.cfg.prefix_sharing and seq.status is not Status.WAITING_PREFIX
                 and seq.n_computed >= self.cfg.min_share)
+
+    def parked_slots(self) -> dict[int, list[int]]:
+        """Parked slots, least recently used first, with the tokens in their KV."""
+        return dict(self._parked)
+
+    def is_free(self, slot: int) -> bool:
+        return slot in self._free
 
     @staticmethod
     def stop_reason(seq: Sequence, token: int, is_eog: bool, n_ctx_seq: int) -> str | None:

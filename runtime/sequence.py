@@ -1,5 +1,6 @@
 """A Sequence is one request's life inside the engine: its tokens, its place
-in the KV cache, and how far its prompt has been computed."""
+in the KV cache, how far its prompt has been computed, and which of the
+lifecycle states below it is in. Only the scheduler changes `status`."""
 
 from __future__ import annotations
 
@@ -15,9 +16,19 @@ _ids = itertools.count(1)
 
 
 class Status(Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
+    """Where a request is. A finished sequence's slot may stay *parked* with
+    its KV for later requests; that is the slot's state (the scheduler's
+    parked table), not the sequence's."""
+
+    WAITING = "waiting"                 # queued, no slot yet
+    WAITING_PREFIX = "waiting_prefix"   # has a slot; waits for a leader's shared prefix
+    PREFILLING = "prefilling"           # its prompt is being computed in chunks
+    DECODING = "decoding"               # one token per step
     FINISHED = "finished"
+
+    @property
+    def has_slot(self) -> bool:
+        return self in (Status.WAITING_PREFIX, Status.PREFILLING, Status.DECODING)
 
 
 @dataclass
@@ -28,12 +39,13 @@ class Sequence:
     emit: Callable[[Any], None] = lambda event: None
     id: int = field(default_factory=lambda: next(_ids))
     status: Status = Status.WAITING
-    slot: int = -1                      # llama.cpp seq_id while RUNNING
+    slot: int = -1                      # llama.cpp seq_id while it has a slot
     n_computed: int = 0                 # tokens of `tokens` already in the KV
     n_cached: int = 0                   # prompt tokens reused from the prefix cache
+    cached_from_disk: bool = False      # ...restored from a disk file (else memory)
     kv_src: tuple[int, int] = (-1, 0)   # (slot, n): reuse n prompt tokens whose KV is in slot
-    wait_for: "Sequence | None" = None  # a prefilling leader whose prefix this one will copy
-    wait_until: int = 0                 # ...once the leader has computed this many tokens
+    wait_for: "Sequence | None" = None  # the prefilling leader it waits for (WAITING_PREFIX)
+    wait_until: int = 0                 # ...until the leader has computed this many tokens
     output: list[int] = field(default_factory=list)
     cancelled: bool = False
     finish_reason: str | None = None
@@ -46,15 +58,5 @@ class Sequence:
         return self.prompt + self.output
 
     @property
-    def n_prompt_left(self) -> int:
-        return max(len(self.prompt) - self.n_computed, 0)
-
-    @property
     def prefilled(self) -> bool:
         return self.n_computed >= len(self.prompt)
-
-    def next_chunk(self, budget: int) -> list[int]:
-        """The next tokens to feed: a prompt chunk, or the last sampled token."""
-        if not self.prefilled:
-            return self.prompt[self.n_computed:self.n_computed + budget]
-        return [self.output[-1]]

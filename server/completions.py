@@ -1,5 +1,7 @@
-"""/v1/chat/completions and /v1/completions: parse the request, hand tokens
-to the engine, relay its events as one JSON body or as server-sent events."""
+"""/v1/chat/completions and /v1/completions: translate an HTTP request into
+one LLM.open_stream call and its events into one JSON body or server-sent
+events. The runtime owns generation, cancellation and statistics; this file
+only watches the connection and writes frames."""
 
 from __future__ import annotations
 
@@ -9,16 +11,20 @@ import json
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from llmctl import config
 from llmctl.errors import InvalidParams, ModelNotFound
 from llmctl.runtime.events import ErrorEvent, FinishEvent, TokenEvent
-from llmctl.runtime.llm import LLM
-from llmctl.runtime.sequence import Sequence
+from llmctl.runtime.llm import LLM, AsyncStream
 from llmctl.server import errors
-from llmctl.server.protocol import ResponseIds, finish_reason, parse_sampling, stream_options
 from llmctl.server.body import json_body
-from llmctl.server.state import ServerState, state_of
+from llmctl.server.protocol import ResponseIds, finish_reason, parse_sampling, stream_options
+from llmctl.server.state import state_of
 
 router = APIRouter()
+
+# A comment line this often while nothing else is sent (a long CPU prefill),
+# so proxies and clients with read timeouts don't cut the stream.
+KEEPALIVE_S = float(config.env("SSE_KEEPALIVE_S", "15"))
 
 
 @router.post("/v1/chat/completions")
@@ -63,91 +69,84 @@ async def _generate(request: Request, chat: bool) -> Response:
     if model not in (None, "") and model not in state.aliases:
         raise ModelNotFound(f"model {model!r} is not served here; this server serves "
                             f"{state.name!r}", param="model")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
+    stream_flag = body.get("stream", False)
+    if not isinstance(stream_flag, bool):
         raise InvalidParams("'stream' must be a boolean", param="stream")
     params = parse_sampling(body, state.defaults)
     include_usage = stream_options(body)
-    tokens = _prompt_tokens(llm, body, chat)
-    queue: asyncio.Queue = asyncio.Queue()
-    seq = llm.engine.submit(tokens, params, state.bridge().sink(queue))
+    # Rendering and tokenizing a large prompt takes a while: off the loop.
+    tokens = await asyncio.to_thread(_prompt_tokens, llm, body, chat)
+    stream = llm.open_stream(tokens, params)
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, stream))
     ids = ResponseIds(state.name, chat)
-    if stream:
-        return StreamingResponse(_stream(state, seq, queue, ids, include_usage),
+    if stream_flag:
+        return StreamingResponse(_stream(stream, watcher, ids, include_usage),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    return await _collect(request, state, seq, queue, ids)
+    try:
+        return await _collect(stream, ids)
+    finally:
+        watcher.cancel()
+        stream.close()
 
 
-async def _stream(state: ServerState, seq: Sequence, queue: asyncio.Queue, ids: ResponseIds,
+async def _cancel_on_disconnect(request: Request, stream: AsyncStream) -> None:
+    """Cancel the request the moment its client hangs up, streaming or not:
+    an abandoned request must not hold a slot until it would have ended."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            stream.close()
+            return
+
+
+async def _stream(stream: AsyncStream, watcher: asyncio.Task, ids: ResponseIds,
                   include_usage: bool):
-    done = False
     try:
         yield _sse(ids.chunk("", first=True))
-        while not done:
+        while not stream.done:
+            try:
+                events = await stream.next_batch(timeout=KEEPALIVE_S)
+            except asyncio.TimeoutError:
+                yield ": keep-alive\n\n"
+                continue
             # Events that queued up while we were sending go out in one
             # write: fewer syscalls and wake-ups, same chunks for the client.
-            events = [await queue.get()]
-            while not queue.empty():
-                events.append(queue.get_nowait())
-            frames: list[str] = []
-            for event in events:
-                done = _frames(state, event, seq, ids, include_usage, frames) or done
-            yield "".join(frames)
+            yield "".join(_frames(event, ids, include_usage) for event in events)
     finally:
-        if not done:   # the client went away: free the slot at the next step
-            _cancel(state, seq)
+        watcher.cancel()
+        stream.close()
 
 
-def _frames(state: ServerState, event, seq: Sequence, ids: ResponseIds, include_usage: bool,
-            frames: list[str]) -> bool:
-    """Append the SSE frames for one event; True once the stream is over."""
+def _frames(event, ids: ResponseIds, include_usage: bool) -> str:
+    """The SSE frames for one event."""
     if isinstance(event, TokenEvent):
-        frames.append(_sse(ids.chunk(event.text)))
-        return False
+        return _sse(ids.chunk(event.text))
+    frames = []
     if isinstance(event, FinishEvent):
-        _record(state, event)
         if event.tail:
             frames.append(_sse(ids.chunk(event.tail)))
         frames.append(_sse(ids.chunk(None, finish_reason(event.reason))))
         if include_usage:
             frames.append(_sse(ids.usage_chunk(event.usage)))
-    else:
-        state.metrics.finished("error", len(seq.prompt), 0, 0, None, 0)
+    elif isinstance(event, ErrorEvent):
         e = event.error
         frames.append(_sse(errors.error_body(e.message, e.error_type, e.code)))
     frames.append("data: [DONE]\n\n")
-    return True
+    return "".join(frames)
 
 
-async def _collect(request: Request, state: ServerState, seq: Sequence, queue: asyncio.Queue,
-                   ids: ResponseIds) -> Response:
+async def _collect(stream: AsyncStream, ids: ResponseIds) -> Response:
     parts: list[str] = []
     while True:
-        try:
-            event = await asyncio.wait_for(queue.get(), timeout=1.0)
-        except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                _cancel(state, seq)
-                return Response(status_code=499)
-            continue
-        if isinstance(event, TokenEvent):
-            parts.append(event.text)
-        elif isinstance(event, FinishEvent):
-            _record(state, event)
-            parts.append(event.tail)
-            return JSONResponse(ids.full("".join(parts), finish_reason(event.reason), event.usage))
-        elif isinstance(event, ErrorEvent):
-            state.metrics.finished("error", len(seq.prompt), 0, 0, None, 0)
-            raise event.error
-
-
-def _cancel(state: ServerState, seq: Sequence) -> None:
-    state.ready().engine.cancel(seq)
-    state.metrics.finished("cancelled", len(seq.prompt), 0, len(seq.output), None, 0)
-
-
-def _record(state: ServerState, event: FinishEvent) -> None:
-    u = event.usage
-    state.metrics.finished("ok", u.prompt_tokens, u.cached_tokens, u.completion_tokens,
-                           event.ttft_s, event.decode_s)
+        for event in await stream.next_batch():
+            if isinstance(event, TokenEvent):
+                parts.append(event.text)
+            elif isinstance(event, FinishEvent):
+                if event.reason == "cancelled":    # the client is gone: nobody reads this
+                    return Response(status_code=499)
+                parts.append(event.tail)
+                return JSONResponse(ids.full("".join(parts), finish_reason(event.reason),
+                                             event.usage))
+            elif isinstance(event, ErrorEvent):
+                raise event.error

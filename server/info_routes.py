@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from llmctl.errors import InvalidParams
+from llmctl.errors import InvalidParams, LlmctlError
 from llmctl.server.body import json_body
+from llmctl.server.metrics import render as render_metrics
 from llmctl.server.state import state_of
 
 router = APIRouter()
@@ -15,9 +18,12 @@ router = APIRouter()
 @router.get("/health")
 async def health(request: Request):
     state = state_of(request)
-    if state.llm is None:
-        return JSONResponse({"status": "loading" if not state.load_error else "error",
-                             "error": state.load_error}, status_code=503)
+    try:
+        state.ready()
+    except LlmctlError as e:
+        status = "loading" if state.llm is None and not state.load_error else "error"
+        return JSONResponse({"status": status, "error": None if status == "loading" else e.message},
+                            status_code=503)
     return {"status": "ok", "model": state.name}
 
 
@@ -31,18 +37,14 @@ async def models(request: Request):
 @router.get("/metrics")
 async def metrics(request: Request):
     state = state_of(request)
-    llm = state.llm
-    text = state.metrics.render(llm.engine.n_running if llm else 0,
-                                llm.engine.n_waiting if llm else 0)
-    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+    stats = (state.llm or state.ready()).stats()   # still readable after an engine failure
+    return PlainTextResponse(render_metrics(stats), media_type="text/plain; version=0.0.4")
 
 
 @router.get("/stats")
 async def stats(request: Request):
     state = state_of(request)
-    m = state.metrics
-    return {"model": state.name, "requests": m.requests, "prompt_tokens": m.prompt_tokens,
-            "prefix_cache_hit_tokens": m.cached_tokens, "generation_tokens": m.generation_tokens}
+    return {"model": state.name, **(state.llm or state.ready()).stats().as_dict()}
 
 
 # llama-server's tokenizer endpoints, so benchmarks can build prompts of
@@ -54,8 +56,11 @@ async def tokenize(request: Request):
     if not isinstance(content, str):
         raise InvalidParams("'content' must be a string", param="content")
     model = state_of(request).ready().model
-    return {"tokens": model.tokenize(content, add_special=bool(body.get("add_special", False)),
-                                     parse_special=True)}
+    # Off the event loop: a large text would stall every stream meanwhile.
+    tokens = await asyncio.to_thread(model.tokenize, content,
+                                     add_special=bool(body.get("add_special", False)),
+                                     parse_special=True)
+    return {"tokens": tokens}
 
 
 @router.post("/detokenize")

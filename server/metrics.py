@@ -1,82 +1,42 @@
 """Prometheus text exposition for /metrics, without a client library: a few
-counters and two histograms don't justify another dependency."""
+counters and two histograms don't justify another dependency. The numbers
+come from the engine's one Stats snapshot (runtime/stats.py)."""
 
 from __future__ import annotations
 
-import bisect
-import threading
-from dataclasses import dataclass, field
+from llmctl.runtime.stats import Histogram, Stats
 
-TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_P = "llmctl"
 
 
-@dataclass
-class Histogram:
-    buckets: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    n: int = 0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * (len(self.buckets) + 1)
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.total += value
-        self.n += 1
-
-    def render(self, name: str) -> list[str]:
-        lines, cumulative = [], 0
-        for bound, count in zip(self.buckets, self.counts):
-            cumulative += count
-            lines.append(f'{name}_bucket{{le="{bound}"}} {cumulative}')
-        lines.append(f'{name}_bucket{{le="+Inf"}} {self.n}')
-        lines.append(f"{name}_sum {self.total:.6f}")
-        lines.append(f"{name}_count {self.n}")
-        return lines
+def _histogram(name: str, h: Histogram) -> list[str]:
+    lines, cumulative = [f"# TYPE {name} histogram"], 0
+    for bound, count in zip(h.buckets, h.counts):
+        cumulative += count
+        lines.append(f'{name}_bucket{{le="{bound}"}} {cumulative}')
+    lines.append(f'{name}_bucket{{le="+Inf"}} {h.n}')
+    lines.append(f"{name}_sum {h.total:.6f}")
+    lines.append(f"{name}_count {h.n}")
+    return lines
 
 
-class Metrics:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.requests = {"ok": 0, "error": 0, "cancelled": 0}
-        self.prompt_tokens = 0
-        self.cached_tokens = 0
-        self.generation_tokens = 0
-        self.ttft = Histogram(TTFT_BUCKETS)
-        self.itl = Histogram(ITL_BUCKETS)
+def _gauge(name: str, value: int, kind: str = "gauge") -> list[str]:
+    return [f"# TYPE {_P}_{name} {kind}", f"{_P}_{name} {value}"]
 
-    def finished(self, status: str, prompt: int, cached: int, generated: int,
-                 ttft: float | None, decode_s: float) -> None:
-        with self._lock:
-            self.requests[status] = self.requests.get(status, 0) + 1
-            self.prompt_tokens += prompt
-            self.cached_tokens += cached
-            self.generation_tokens += generated
-            if ttft is not None and generated:
-                self.ttft.observe(ttft)
-            if generated > 1:
-                # One mean gap per request keeps the histogram cheap and
-                # is what clients perceive as the stream's pace.
-                self.itl.observe(decode_s / (generated - 1))
 
-    def render(self, running: int, waiting: int) -> str:
-        p = "llmctl"
-        with self._lock:
-            lines = [
-                f"# TYPE {p}_requests_running gauge", f"{p}_requests_running {running}",
-                f"# TYPE {p}_requests_waiting gauge", f"{p}_requests_waiting {waiting}",
-                f"# TYPE {p}_requests_total counter",
-                *(f'{p}_requests_total{{status="{k}"}} {v}' for k, v in self.requests.items()),
-                f"# TYPE {p}_prompt_tokens_total counter", f"{p}_prompt_tokens_total {self.prompt_tokens}",
-                f"# TYPE {p}_prefix_cache_hit_tokens_total counter",
-                f"{p}_prefix_cache_hit_tokens_total {self.cached_tokens}",
-                f"# TYPE {p}_generation_tokens_total counter",
-                f"{p}_generation_tokens_total {self.generation_tokens}",
-                f"# TYPE {p}_time_to_first_token_seconds histogram",
-                *self.ttft.render(f"{p}_time_to_first_token_seconds"),
-                f"# TYPE {p}_inter_token_latency_seconds histogram",
-                *self.itl.render(f"{p}_inter_token_latency_seconds"),
-            ]
-        return "\n".join(lines) + "\n"
+def render(stats: Stats) -> str:
+    """The exposition text of one snapshot."""
+    lines = [
+        *_gauge("requests_running", stats.running),
+        *_gauge("requests_waiting", stats.waiting),
+        *_gauge("slots_parked", stats.parked_slots),
+        f"# TYPE {_P}_requests_total counter",
+        *(f'{_P}_requests_total{{status="{k}"}} {v}' for k, v in stats.requests.items()),
+        *_gauge("prompt_tokens_total", stats.prompt_tokens, "counter"),
+        *_gauge("prefix_cache_hit_tokens_total", stats.cached_tokens, "counter"),
+        *_gauge("prefix_cache_disk_hit_tokens_total", stats.cached_tokens_disk, "counter"),
+        *_gauge("generation_tokens_total", stats.generation_tokens, "counter"),
+        *_histogram(f"{_P}_time_to_first_token_seconds", stats.ttft),
+        *_histogram(f"{_P}_inter_token_latency_seconds", stats.itl),
+    ]
+    return "\n".join(lines) + "\n"

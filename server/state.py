@@ -1,19 +1,16 @@
 """What the server knows between requests: the model (once loaded), its
-names, the API key and the metrics."""
+names and the HTTP policy. Statistics live in the engine (llm.stats())."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from llmctl.errors import ModelLoading
+from llmctl.errors import EngineFailed, ModelLoading
 from llmctl.runtime.llm import LLM
 from llmctl.runtime.sampling import SamplingParams
-from llmctl.server.bridge import EventBridge
-from llmctl.server.metrics import Metrics
 
 
 @dataclass(frozen=True)
@@ -34,22 +31,16 @@ class ServerState:
     defaults: SamplingParams = field(default_factory=SamplingParams)
     llm: LLM | None = None
     load_error: str | None = None
-    metrics: Metrics = field(default_factory=Metrics)
     started: float = field(default_factory=time.time)
-    _bridges: dict[int, EventBridge] = field(default_factory=dict)
 
     def ready(self) -> LLM:
+        """The loaded model. Raises ModelLoading while it loads (or failed
+        to) and EngineFailed once its engine thread has died."""
         if self.llm is None:
             raise ModelLoading(self.load_error or "the model is still loading")
+        if not self.llm.engine.alive:
+            raise EngineFailed(f"the engine has stopped: {self.llm.engine.failure or 'shut down'}")
         return self.llm
-
-    def bridge(self) -> EventBridge:
-        """The engine-to-loop hand-off of the running event loop."""
-        loop = asyncio.get_running_loop()
-        bridge = self._bridges.get(id(loop))
-        if bridge is None:
-            bridge = self._bridges[id(loop)] = EventBridge(loop)
-        return bridge
 
 
 def state_of(request: Request) -> ServerState:

@@ -91,8 +91,8 @@ def test_cancel_frees_the_slot(llm):
         if isinstance(ev, FinishEvent):
             finishes.append(ev.reason)
     assert finishes == ["cancelled"] * 3
-    assert llm.engine.n_running == 0
-    assert len(llm.engine.scheduler.free_slots) == llm.engine.cfg.max_num_seqs
+    stats = llm.stats()
+    assert stats.running == 0 and stats.free_slots == llm.engine.max_num_seqs
 
 
 def test_generator_closed_early_cancels(llm):
@@ -101,9 +101,9 @@ def test_generator_closed_early_cancels(llm):
     assert isinstance(next(stream), TokenEvent)
     stream.close()
     deadline = time.time() + 10
-    while llm.engine.n_running and time.time() < deadline:
+    while llm.stats().running and time.time() < deadline:
         time.sleep(0.02)
-    assert llm.engine.n_running == 0
+    assert llm.stats().running == 0
 
 
 def test_bad_requests_raise_before_streaming(llm):
@@ -123,10 +123,10 @@ def test_queue_full(llm):
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)
     sink: queue.SimpleQueue = queue.SimpleQueue()
-    limit = engine.cfg.max_queue
+    limit = engine.scheduler.cfg.max_queue
     seqs = []
     with pytest.raises(QueueFull):
-        for _ in range(engine.cfg.max_num_seqs + limit + 1):
+        for _ in range(engine.max_num_seqs + limit + 1):
             seqs.append(engine.submit(llm.text_tokens("x"), params, sink.put))
     for s in seqs:
         engine.cancel(s)
@@ -137,12 +137,12 @@ def test_queue_full(llm):
 
 
 @pytest.mark.parametrize("setting,cache,expected", [
-    (None, None, True),          # auto without the prefix cache: fastest
-    (None, object(), False),     # auto with it: bit-exact cache hits
-    (True, object(), True),      # asked for: faster, hits may differ slightly
-    (False, None, False),
+    (None, False, True),         # auto without the prefix cache: fastest
+    (None, True, False),         # auto with it: bit-exact cache hits
+    (True, True, True),          # asked for: faster, hits may differ slightly
+    (False, False, False),
 ])
 def test_flash_attention_choice(setting, cache, expected):
-    from llmctl.runtime.engine import Engine, EngineConfig
+    from llmctl.runtime.config import LoadOptions
 
-    assert Engine._flash_attn(EngineConfig(flash_attn=setting), cache) is expected
+    assert LoadOptions(flash_attn=setting, prefix_cache=cache).use_flash_attn is expected

@@ -37,9 +37,9 @@ def sharing(n_slots: int = 4, budget: int = 64) -> Scheduler:
 def compute(s: Scheduler, rounds: int = 1) -> None:
     for _ in range(rounds):
         for w in s.schedule():
-            w.seq.n_computed += len(w.tokens)
+            Scheduler.on_computed(w.seq, len(w.tokens))
             if w.sample:
-                w.seq.output.append(999)
+                Scheduler.on_token(w.seq, 999)
 
 
 def test_usable_prefix_leaves_the_last_prompt_token():
@@ -56,7 +56,7 @@ def test_finished_slot_is_parked_and_reused_in_place():
     s.admit()
     compute(s)
     s.finish(a, "stop", park=a.tokens[:a.n_computed])
-    assert s.parked == {a.slot: list(range(10))} and a.slot not in s.free_slots
+    assert s.parked_slots() == {a.slot: list(range(10))} and not s.is_free(a.slot)
     b = seq(list(range(8)) + [50, 51])
     s.add(b)
     s.admit()
@@ -76,7 +76,7 @@ def test_parked_slots_are_evicted_least_recently_used():
     s.add(c)
     s.admit()
     assert c.slot == a.slot and c.kv_src == (a.slot, 0)
-    assert list(s.parked) == [b.slot]
+    assert list(s.parked_slots()) == [b.slot]
 
 
 def test_followers_wait_for_a_prefilling_leader_then_copy():
@@ -134,7 +134,7 @@ def test_waiter_is_not_parked_and_sharing_off_changes_nothing():
     s2.admit()
     assert d.wait_for is c and not s2.should_park(d)
     s2.finish(d, "cancelled", park=None)
-    assert d.status is Status.FINISHED and d.slot in s2.free_slots
+    assert d.status is Status.FINISHED and s2.is_free(d.slot)
 
 
 def test_block_chain_depends_on_namespace_and_every_earlier_token():
@@ -202,7 +202,7 @@ def test_memory_hits_give_identical_greedy_output(tmp_path, cold):
         assert text == cold[SUFFIXES[0]] and cached == len(llm.text_tokens(SHARED + SUFFIXES[0])) - 1
         text, cached = ask(llm, SUFFIXES[1])                # shared prefix only
         assert text == cold[SUFFIXES[1]] and cached >= len(llm.text_tokens(SHARED)) - 2
-        assert llm.engine.stats.cached_tokens_total > 0
+        assert llm.stats().cached_tokens > 0
     assert kv_files(tmp_path) == []
 
 
@@ -221,7 +221,7 @@ def test_concurrent_requests_compute_the_shared_prefix_once(tmp_path, cold):
         n_shared = len(llm.text_tokens(SHARED)) - 2
         # Close to one prefix plus the distinct parts: the prefix was computed once.
         assert computed <= max(lengths.values()) + sum(n - n_shared for n in lengths.values()) + 64
-        assert llm.engine.stats.cached_tokens_total == sum(r[1] for r in results.values())
+        assert llm.stats().cached_tokens == sum(r[1] for r in results.values())
 
 
 def test_disk_hit_after_restart_gives_identical_output(tmp_path, cold, warm_home):
@@ -229,7 +229,7 @@ def test_disk_hit_after_restart_gives_identical_output(tmp_path, cold, warm_home
     with load(home) as llm:
         text, cached = ask(llm, SUFFIXES[1])
         assert text == cold[SUFFIXES[1]] and cached >= 256
-        assert llm.prefix_cache.hit_tokens_disk == cached
+        assert llm.stats().cached_tokens_disk == cached
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])

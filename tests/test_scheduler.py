@@ -16,9 +16,9 @@ def seq(n_prompt: int, max_new: int = 8, **params) -> Sequence:
 def run_plan(plan, token=7):
     """Pretend the decode ran: advance positions, sample where asked."""
     for w in plan:
-        w.seq.n_computed += len(w.tokens)
+        Scheduler.on_computed(w.seq, len(w.tokens))
         if w.sample:
-            w.seq.output.append(token)
+            Scheduler.on_token(w.seq, token)
 
 
 def test_admission_is_fifo_and_bounded_by_slots():
@@ -29,15 +29,51 @@ def test_admission_is_fifo_and_bounded_by_slots():
     admitted = s.admit()
     assert admitted == [a, b]
     assert {a.slot, b.slot} == {0, 1}
-    assert c.status is Status.WAITING and list(s.waiting) == [c]
+    assert c.status is Status.WAITING and s.counts() == (2, 1, 0, 0)
 
 
-def test_queue_full_raises():
+def test_queue_full_raises_beyond_the_slots_that_can_take_requests():
     s = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=8, max_queue=2))
-    s.add(seq(2))
-    s.add(seq(2))
+    for _ in range(3):          # one for the free slot, two queued behind it
+        s.add(seq(2))
     with pytest.raises(QueueFull):
         s.add(seq(2))
+
+
+def test_parked_slots_count_as_room_in_the_queue_limit():
+    s = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=64, max_queue=1,
+                                  prefix_sharing=True, min_share=4))
+    a = seq(8)
+    b = Sequence(prompt=list(range(100, 108)), params=SamplingParams(), max_new=8)
+    s.add(a)
+    s.add(b)
+    s.admit()
+    run_plan(s.schedule())
+    for x in (a, b):
+        s.finish(x, "stop", park=x.tokens[:x.n_computed])
+    assert s.counts() == (0, 0, 2, 0)
+    for _ in range(3):          # two parked slots take two, one may queue
+        s.add(seq(8))
+    with pytest.raises(QueueFull):
+        s.add(seq(8))
+    assert len(s.admit()) == 2
+
+
+def test_a_sequence_moves_through_its_states():
+    s = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=4))
+    a = seq(6)
+    s.add(a)
+    assert a.status is Status.WAITING
+    s.admit()
+    assert a.status is Status.PREFILLING
+    run_plan(s.schedule())
+    assert a.status is Status.PREFILLING and a.n_computed == 4
+    run_plan(s.schedule())
+    assert a.status is Status.DECODING and a.output == [7]
+    s.finish(a, "length")
+    assert a.status is Status.FINISHED and s.counts() == (0, 0, 0, 1)
+    stats = s.make_stats()
+    assert stats.requests["ok"] == 1 and stats.prompt_tokens == 6 and stats.generation_tokens == 1
 
 
 def test_chunked_prefill_respects_budget_and_finishes_oldest_first():
@@ -94,7 +130,7 @@ def test_cancel_waiting_request_removes_it():
     s.add(b)
     s.admit()
     s.finish(b, "cancelled")
-    assert not s.waiting and b.finish_reason == "cancelled"
+    assert s.counts()[1] == 0 and b.finish_reason == "cancelled"
     assert s.running == [a]
 
 

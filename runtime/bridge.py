@@ -14,6 +14,8 @@ from typing import Any
 
 
 class EventBridge:
+    """Buffers engine events for one event loop; see the module docstring."""
+
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
         self._lock = threading.Lock()
@@ -28,7 +30,13 @@ class EventBridge:
                 if self._scheduled:
                     return
                 self._scheduled = True
-            self.loop.call_soon_threadsafe(self._deliver)
+            try:
+                self.loop.call_soon_threadsafe(self._deliver)
+            except RuntimeError:
+                # The loop has closed (shutdown): nobody is left to read the
+                # event, and the engine thread must not die of it.
+                with self._lock:
+                    self._pending.clear()
         return emit
 
     def _deliver(self) -> None:

@@ -1,0 +1,101 @@
+"""The one source of serving statistics. The scheduler records every
+finished request here; `/metrics`, `/stats` and chat's `/stats` all read the
+same snapshot, so they can never disagree."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from dataclasses import dataclass, field
+
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+OUTCOMES = ("ok", "error", "cancelled")
+
+
+@dataclass
+class Histogram:
+    """Cumulative-style histogram: counts per bucket upper bound, plus +Inf."""
+
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.buckets) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.n += 1
+
+    def copy(self) -> "Histogram":
+        return Histogram(self.buckets, list(self.counts), self.total, self.n)
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A consistent snapshot of one engine's counters and gauges."""
+
+    running: int
+    waiting: int
+    parked_slots: int
+    free_slots: int
+    requests: dict[str, int]            # outcome -> count ("ok", "error", "cancelled")
+    prompt_tokens: int
+    cached_tokens: int                  # prompt tokens not recomputed (memory + disk hits)
+    cached_tokens_disk: int
+    generation_tokens: int
+    ttft: Histogram
+    itl: Histogram
+
+    @property
+    def cached_tokens_memory(self) -> int:
+        return self.cached_tokens - self.cached_tokens_disk
+
+    def as_dict(self) -> dict:
+        return {"requests": dict(self.requests), "requests_running": self.running,
+                "requests_waiting": self.waiting, "slots_parked": self.parked_slots,
+                "slots_free": self.free_slots, "prompt_tokens": self.prompt_tokens,
+                "prefix_cache_hit_tokens": self.cached_tokens,
+                "prefix_cache_hit_tokens_memory": self.cached_tokens_memory,
+                "prefix_cache_hit_tokens_disk": self.cached_tokens_disk,
+                "generation_tokens": self.generation_tokens}
+
+
+class StatsCollector:
+    """Thread-safe counters the scheduler feeds as requests finish."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests = dict.fromkeys(OUTCOMES, 0)
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self.cached_tokens_disk = 0
+        self.generation_tokens = 0
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+
+    def record(self, outcome: str, prompt: int, cached: int, cached_disk: int, generated: int,
+               ttft_s: float | None, decode_s: float) -> None:
+        """Count one finished request; `ttft_s` is None when no token came."""
+        with self._lock:
+            self.requests[outcome] = self.requests.get(outcome, 0) + 1
+            self.prompt_tokens += prompt
+            self.cached_tokens += cached
+            self.cached_tokens_disk += cached_disk
+            self.generation_tokens += generated
+            if ttft_s is not None and generated:
+                self.ttft.observe(ttft_s)
+            if generated > 1:
+                # One mean gap per request keeps the histogram cheap and is
+                # what clients perceive as the stream's pace.
+                self.itl.observe(decode_s / (generated - 1))
+
+    def snapshot(self, running: int, waiting: int, parked: int, free: int) -> Stats:
+        with self._lock:
+            return Stats(running, waiting, parked, free, dict(self.requests), self.prompt_tokens,
+                         self.cached_tokens, self.cached_tokens_disk, self.generation_tokens,
+                         self.ttft.copy(), self.itl.copy())
