@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import List, Optional
 
 import typer
@@ -43,11 +44,14 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
     ) -> None:
+        from llmctl.cli.pull_progress import PullProgressBar
         from llmctl.hub import pull
 
-        result = pull(model, revision=revision, include=include or None,
-                      exclude=exclude or None, connections=connections, dry_run=dry_run,
-                      quiet=quiet or json_out)
+        silent = quiet or json_out or dry_run
+        with (contextlib.nullcontext() if silent else PullProgressBar()) as bar:
+            result = pull(model, revision=revision, include=include or None,
+                          exclude=exclude or None, connections=connections, dry_run=dry_run,
+                          events=bar)
         if json_out:
             print_json(result.to_dict())
             return

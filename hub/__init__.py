@@ -2,6 +2,8 @@
 llmctl store."""
 
 from llmctl.hub.cache import hub_cache, local_snapshot
+from llmctl.hub.events import PullEvents
 from llmctl.hub.pull import DEFAULT_CONNECTIONS, PullResult, pull
 
-__all__ = ["DEFAULT_CONNECTIONS", "PullResult", "hub_cache", "local_snapshot", "pull"]
+__all__ = ["DEFAULT_CONNECTIONS", "PullEvents", "PullResult", "hub_cache", "local_snapshot",
+           "pull"]

@@ -8,10 +8,10 @@ import re
 from dataclasses import dataclass
 
 from llmctl.errors import UsageError
+from llmctl.store.gguf_info import split_stem
 
 # Ollama's `hf.co/...` and llama.cpp's `-hf` pick these when no tag is given.
 DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")
-_SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<total>\d{5})\.gguf$", re.I)
 _QUANT_RE = re.compile(r"(?:^|[-._])((?:I?Q\d(?:_[A-Z0-9]+)*)|BF16|F16|F32)(?=$|[-._])", re.I)
 SAFETENSORS_SIDECARS = ("config.json", "generation_config.json", "tokenizer.json",
                         "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
@@ -41,8 +41,8 @@ class Selection:
 
 
 def _unit_key(path: str) -> str:
-    m = _SPLIT_RE.match(path)
-    return m.group("stem") if m else path
+    stem = split_stem(path)
+    return path if stem is None else stem
 
 
 def gguf_units(files: list[RemoteFile]) -> dict[str, list[RemoteFile]]:

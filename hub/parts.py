@@ -5,9 +5,10 @@ sidecar records how many bytes of each part are on disk."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 from pathlib import Path
+
+from llmctl.files import atomic_write
 
 MIB = 1 << 20
 
@@ -51,9 +52,7 @@ class Parts:
         with self._lock:
             body = json.dumps({"etag": self.etag, "size": self.size,
                                "part_size": self.part_size, "done": self.done})
-        tmp = self.sidecar.with_name(self.sidecar.name + ".tmp")
-        tmp.write_text(body)
-        os.replace(tmp, self.sidecar)
+        atomic_write(self.sidecar, body)
 
     def discard(self) -> None:
         for p in (self.data, self.sidecar):

@@ -1,11 +1,14 @@
 """`llmctl pull`: list, choose, download, verify, link into the HF cache,
-register. Each step lives in its own module; this one only sequences them."""
+register. Each step lives in its own module; this one only sequences them.
+
+Everything the Hub's listing names (the commit, each file's path and ETag)
+becomes part of a path in the cache, so it is checked before anything is
+written: a hostile mirror must not write outside the cache."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,21 +16,19 @@ from pathlib import Path
 from filelock import FileLock
 
 from llmctl.errors import HubError
+from llmctl.files import require_space, safe_relpath
 from llmctl.hub import remote
-from llmctl.hub.cache import RepoCache
+from llmctl.hub.cache import RepoCache, check_commit, check_etag
 from llmctl.hub.choose import RemoteFile, Selection, select_files
+from llmctl.hub.events import PullEvents, Silent
 from llmctl.hub.parts import Parts
-from llmctl.hub.progress import PullProgress
 from llmctl.hub.ranged import RangeDownload
-from llmctl.hub.reference import parse_reference
-from llmctl.hub.space import check_space
+from llmctl.hub.reference import Reference, parse_reference
 from llmctl.hub.verify import verify
+from llmctl.store.gguf_info import is_later_shard
 from llmctl.store.index import StoreIndex
 
-_SHARD = re.compile(r"-(\d{5})-of-\d{5}\.gguf$")
-
 DEFAULT_CONNECTIONS = 16
-_HEX = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
 
 
 @dataclass
@@ -75,88 +76,125 @@ def _cached_listing(cache: RepoCache, repo_id: str, revision: str | None):
     return remote.RepoListing(repo_id=repo_id, commit=commit, files=files)
 
 
+def _check_names(files: list[RemoteFile]) -> None:
+    """Raise PathEscape unless every file's path and ETag can safely become
+    path components in the cache."""
+    for f in files:
+        safe_relpath(f.path)
+        check_etag(f.path, f.etag)
+
+
 def _fetch(cache: RepoCache, repo_id: str, commit: str, f: RemoteFile, connections: int,
-           bar: PullProgress, result: PullResult) -> str:
-    """Bring one file into blobs/, verified; return its sha256."""
+           events: PullEvents, result: PullResult) -> str:
+    """Bring one file into blobs/, verified, and link it into the snapshot;
+    return its sha256."""
     t0 = time.monotonic()
     src = remote.file_source(repo_id, commit, f.path)
     if src.xet:   # huggingface_hub's hf_xet path fetches chunks in parallel and resumes
         from huggingface_hub import hf_hub_download
 
-        task = bar.file(f.path + " (xet)", f.size)
+        events.on_file(f.path, f.size, 0)
         got = hf_hub_download(repo_id, f.path, revision=commit, cache_dir=cache.root,
                               endpoint=remote.endpoint(), token=remote.token())
-        bar.advance(task, f.size)
+        events.on_bytes(f.path, f.size)
         result.bytes_downloaded += f.size
         result.transfer_seconds += time.monotonic() - t0
-        return verify(Path(got).resolve(), f)
+        sha256 = verify(Path(got).resolve(), f)
+        cache.link(commit, f.path, f.etag)
+        return sha256
+    # Linked under the blob's lock, so an `rm` that deletes unlinked blobs
+    # never takes this one between the download and the link.
     with FileLock(str(cache.lock(f.etag))):
         blob = cache.blob(f.etag)
         if blob.is_file() and blob.stat().st_size == f.size:
-            return verify(blob, f)   # another tool fetched it meanwhile
-        parts = Parts.open(cache.partial(f.etag), f.etag, f.size, connections)
-        task = bar.file(f.path, f.size, parts.bytes_done)
-        result.bytes_downloaded += f.size - parts.bytes_done
-        RangeDownload(src.url, src.headers, parts, connections,
-                      on_bytes=lambda n: bar.advance(task, n)).run()
-        result.transfer_seconds += time.monotonic() - t0
-        try:
-            sha256 = verify(parts.data, f)
-        finally:
-            parts.sidecar.unlink(missing_ok=True)
-        os.replace(parts.data, blob)
+            sha256 = verify(blob, f)   # another tool fetched it meanwhile
+        else:
+            sha256 = _download(cache, src, f, connections, events, result)
+        cache.link(commit, f.path, f.etag)
         return sha256
+
+
+def _download(cache: RepoCache, src: remote.FileSource, f: RemoteFile, connections: int,
+              events: PullEvents, result: PullResult) -> str:
+    """Range-download into the resumable partial file, verify it, move it to
+    blobs/; return its sha256."""
+    parts = Parts.open(cache.partial(f.etag), f.etag, f.size, connections)
+    if parts.bytes_done:
+        events.on_note(f"resuming {f.path}: {parts.bytes_done / 1e6:,.1f} MB already on disk")
+    events.on_file(f.path, f.size, parts.bytes_done)
+    result.bytes_downloaded += f.size - parts.bytes_done
+    t0 = time.monotonic()
+    RangeDownload(src.url, src.headers, parts, connections,
+                  on_bytes=lambda n: events.on_bytes(f.path, n)).run()
+    result.transfer_seconds += time.monotonic() - t0
+    try:
+        sha256 = verify(parts.data, f)
+    finally:
+        parts.sidecar.unlink(missing_ok=True)
+    os.replace(parts.data, cache.blob(f.etag))
+    return sha256
 
 
 def _register(result: PullResult, sel: Selection, shas: dict[str, str | None],
               cache: RepoCache) -> None:
     index = StoreIndex()
-    # llama.cpp opens a split GGUF by its first shard and finds the rest
-    # beside it, so only first shards become models.
-    models = [g for g in sel.ggufs if not (m := _SHARD.search(g)) or m.group(1) == "00001"]
+    models = [g for g in sel.ggufs if not is_later_shard(g)]
     for gguf in models:
         name = result.reference if len(models) == 1 else \
             f"{result.repo_id}:{Path(gguf).name.removesuffix('.gguf')}"
-        local = cache.snapshot(result.commit) / gguf
         index.register_file(
-            name, local, source=f"hf:{result.repo_id}@{result.commit[:12]}", owned=True,
+            name, cache.file(result.commit, gguf),
+            source=f"hf:{result.repo_id}@{result.commit[:12]}", owned=True,
             sha256=shas.get(gguf),
             extra={"repo": result.repo_id, "revision": result.revision,
                    "commit": result.commit, "file": gguf, "hf_cache": str(cache.dir)})
         result.registered.append(name)
 
 
-def pull(model: str, *, revision: str | None = None, include: list[str] | None = None,
-         exclude: list[str] | None = None, connections: int = DEFAULT_CONNECTIONS,
-         dry_run: bool = False, quiet: bool = False) -> PullResult:
-    t0 = time.monotonic()
-    ref = parse_reference(model)
-    cache = RepoCache(ref.repo_id)
+def _plan(ref: Reference, cache: RepoCache, revision: str | None, include: list[str] | None,
+          exclude: list[str] | None, dry_run: bool) -> tuple[PullResult, Selection]:
+    """List and choose; nothing is written. Raises PathEscape for unsafe names."""
     listing = _cached_listing(cache, ref.repo_id, revision) if remote.offline() \
         else remote.list_repo(ref.repo_id, revision)
+    check_commit(listing.commit)
     sel = select_files(listing.files, ref.repo_id, tag=ref.tag, file=ref.file,
                        include=include, exclude=exclude)
+    _check_names(sel.files)
     result = PullResult(reference=ref.name, repo_id=ref.repo_id, revision=revision or "main",
                         commit=listing.commit, kind=sel.kind, dry_run=dry_run,
                         snapshot=str(cache.snapshot(listing.commit)))
-    present = {f.path for f in sel.files if cache.has_file(listing.commit, f.path, f.etag, f.size)}
     for f in sel.files:
+        cached = cache.has_file(listing.commit, f.path, f.etag, f.size)
         result.files.append(PulledFile(f.path, f.size, f.sha256,
-                                       str(cache.snapshot(listing.commit) / f.path),
-                                       f.path in present))
+                                       str(cache.file(listing.commit, f.path)), cached))
+    return result, sel
+
+
+def pull(model: str, *, revision: str | None = None, include: list[str] | None = None,
+         exclude: list[str] | None = None, connections: int = DEFAULT_CONNECTIONS,
+         dry_run: bool = False, events: PullEvents | None = None) -> PullResult:
+    """Pull `model` (a models.toml name or ORG/REPO[:TAG]) into the HF cache
+    and register its GGUF models; `events` hears about progress (see
+    llmctl.hub.events). Raises UsageError (bad reference, nothing matches),
+    HubError, IntegrityError, DiskSpaceError, and PathEscape when the Hub's
+    listing names paths outside the cache."""
+    t0 = time.monotonic()
+    events = events or Silent()
+    ref = parse_reference(model)
+    cache = RepoCache(ref.repo_id)
+    result, sel = _plan(ref, cache, revision, include, exclude, dry_run)
     if dry_run:
         return result
-    missing = [f for f in sel.files if f.path not in present]
-    check_space(cache.dir, sum(f.size - _partial_bytes(cache, f) for f in missing))
-    shas: dict[str, str | None] = {f.path: f.sha256 or (f.etag if _HEX.match(f.etag) and
-                                                        len(f.etag) == 64 else None)
-                                   for f in sel.files}
-    with PullProgress(sum(f.size for f in missing), quiet=quiet) as bar:
-        for f in missing:
-            shas[f.path] = _fetch(cache, ref.repo_id, listing.commit, f, connections, bar,
-                                  result)
-            cache.link(listing.commit, f.path, f.etag)
-    cache.write_ref(revision, listing.commit)
+    cache.clean_stale(result.commit, [f.path for f in sel.files])
+    cached = {f.path for f in result.files if f.cached}
+    missing = [f for f in sel.files if f.path not in cached]
+    require_space(cache.dir, sum(f.size - _partial_bytes(cache, f) for f in missing),
+                  f"the pull of {ref.repo_id}")
+    shas = {f.path: f.sha256 for f in sel.files}
+    events.on_start(sum(f.size for f in missing))
+    for f in missing:
+        shas[f.path] = _fetch(cache, ref.repo_id, result.commit, f, connections, events, result)
+    cache.write_ref(revision, result.commit)
     t_reg = time.monotonic()
     _register(result, sel, shas, cache)
     result.register_seconds = round(time.monotonic() - t_reg, 3)

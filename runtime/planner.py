@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmctl.store.gguf_info import kv_cache_bytes
+
 MIB = 1 << 20
 # CUDA context, cuBLAS workspace and llama.cpp's compute buffers; measured
 # in the hundreds of MiB for small models and ~1 GiB for 70B ones.
@@ -27,8 +29,8 @@ class ModelShape:
 
     def kv_bytes_per_layer(self, n_ctx: int) -> int:
         head_dim = self.head_dim or self.n_embd // max(self.n_head, 1)
-        # K and V, one row per token per KV head.
-        return int(2 * n_ctx * self.n_head_kv * head_dim * self.kv_bytes_per_elem)
+        return kv_cache_bytes(n_ctx, self.n_head_kv, head_dim,
+                              bytes_per_elem=self.kv_bytes_per_elem)
 
     def layer_bytes(self) -> int:
         # Embeddings and output head live outside the repeating layers; they

@@ -44,7 +44,7 @@ def main() -> None:
     from llmctl.hub import pull
 
     size_mb = len(data) / 1e6
-    result = pull("smollm2", connections=args.connections, quiet=True)
+    result = pull("smollm2", connections=args.connections)
     ours_total, ours_wire = result.seconds, result.transfer_seconds
     t0 = time.monotonic()
     hf_hub_download(REPO, FILE, cache_dir=tmp / "hf-plain", endpoint=hub.url)

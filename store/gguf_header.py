@@ -25,6 +25,7 @@ _SCALARS = {
     GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
 }
 _U64 = struct.Struct("<Q")
+GGUF_MAGIC = b"GGUF"
 
 
 @dataclass
@@ -147,24 +148,37 @@ def _parse(cur: _Cursor, header: GGUFHeader) -> None:
     header.data_offset = cur.pos + (-cur.pos % align)
 
 
-def read_header(path: str | Path, keep_arrays: tuple[str, ...] = ()) -> GGUFHeader:
-    """Parse magic, metadata and tensor infos, or raise BadModelFile naming
-    the file. Arrays are skipped unless their key is in `keep_arrays`."""
-    path = Path(path)
+def check_magic(path: Path) -> None:
+    """Cheap first look at a file the user named. Raises BadModelFile when it
+    is missing, unreadable or does not start with the GGUF magic."""
     try:
         with open(path, "rb") as f:
-            if f.read(4) != b"GGUF":
-                raise BadModelFile(f"{path}: not a GGUF file")
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        header = GGUFHeader(path)
-        with buf:
-            _parse(_Cursor(buf, keep_arrays), header)
+            magic = f.read(4)
     except FileNotFoundError as e:
         raise BadModelFile(f"{path}: no such file") from e
     except IsADirectoryError as e:
         raise BadModelFile(f"{path}: is a directory, not a GGUF file") from e
     except PermissionError as e:
         raise BadModelFile(f"{path}: cannot read: permission denied") from e
+    except OSError as e:
+        raise BadModelFile(f"{path}: cannot read: {e.strerror}") from e
+    if magic != GGUF_MAGIC:
+        raise BadModelFile(f"{path}: not a GGUF file")
+
+
+def read_header(path: str | Path, keep_arrays: tuple[str, ...] = ()) -> GGUFHeader:
+    """Parse magic, metadata and tensor infos, or raise BadModelFile naming
+    the file. Arrays are skipped unless their key is in `keep_arrays`."""
+    path = Path(path)
+    check_magic(path)
+    try:
+        with open(path, "rb") as f:
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        header = GGUFHeader(path)
+        with buf:
+            _parse(_Cursor(buf, keep_arrays), header)
+    except OSError as e:   # replaced or cut between the two opens
+        raise BadModelFile(f"{path}: cannot read: {e.strerror or e}") from e
     except (EOFError, ValueError, struct.error, OverflowError, MemoryError) as e:
         raise BadModelFile(f"{path}: not a valid GGUF file (truncated or corrupt)") from e
     return header

@@ -1,18 +1,53 @@
-"""Model metadata straight from a GGUF header, read with the `gguf` package."""
+"""Model metadata straight from a GGUF header, and the GGUF facts other
+modules share: split-file names, file-type names and the KV-cache size."""
 
 from __future__ import annotations
 
-import hashlib
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from llmctl.errors import BadModelFile
 from llmctl.store.gguf_header import read_header
 
-GGUF_MAGIC = b"GGUF"
+# llama.cpp's gguf-split naming: `<stem>-00001-of-00003.gguf`.
+SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<idx>\d{5})-of-(?P<total>\d{5})\.gguf$", re.I)
 # Some architectures store head counts per layer, as arrays.
 _PER_LAYER_KEYS = tuple(f"{a}.attention.{k}" for a in ("gemma3", "llama", "qwen2", "qwen3", "gemma2")
                         for k in ("head_count", "head_count_kv"))
+
+
+def split_stem(name: str) -> str | None:
+    """The shared stem of a split GGUF's shards, or None for a whole file."""
+    m = SPLIT_RE.match(name)
+    return m.group("stem") if m else None
+
+
+def is_later_shard(name: str) -> bool:
+    """True for shards 2..n of a split GGUF: llama.cpp opens a split model by
+    its first shard and finds the rest beside it."""
+    m = SPLIT_RE.match(name)
+    return bool(m) and int(m.group("idx")) != 1
+
+
+def file_type_name(ftype: int | None) -> str:
+    """`general.file_type` as llama.cpp's ftype names spell it (`Q4_K_M`,
+    `F16`), `unknown` when absent, `typeN` when unknown to gguf."""
+    from gguf import LlamaFileType
+
+    if ftype is None:
+        return "unknown"
+    try:
+        return LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    except ValueError:
+        return f"type{ftype}"
+
+
+def kv_cache_bytes(n_ctx: int, n_head_kv: int, head_dim: int, n_layers: int = 1,
+                   bytes_per_elem: float = 2.0) -> int:
+    """Bytes of KV cache: K and V, one row per token per KV head per layer
+    (f16 unless told otherwise)."""
+    return int(2 * n_layers * n_ctx * n_head_kv * head_dim * bytes_per_elem)
 
 
 @dataclass
@@ -35,35 +70,15 @@ class GGUFInfo:
         d.pop("chat_template")
         return d
 
-
-def _quant_name(fields: dict) -> str:
-    from gguf import LlamaFileType
-
-    ftype = fields.get("general.file_type")
-    if ftype is None:
-        return "unknown"
-    try:
-        return LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_")
-    except ValueError:
-        return f"type{ftype}"
-
-
-def check_magic(path: Path) -> None:
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
-    except FileNotFoundError as e:
-        raise BadModelFile(f"{path}: no such file") from e
-    except OSError as e:
-        raise BadModelFile(f"{path}: cannot read: {e.strerror}") from e
-    if magic != GGUF_MAGIC:
-        raise BadModelFile(f"{path}: not a GGUF file")
+    def kv_cache_bytes(self, n_ctx: int, bytes_per_elem: float = 2.0) -> int:
+        """The whole model's KV cache at `n_ctx` tokens."""
+        return kv_cache_bytes(n_ctx, self.n_head_kv or self.n_head, self.head_dim,
+                              self.n_layers, bytes_per_elem)
 
 
 def read_gguf_info(path: str | Path) -> GGUFInfo:
     """Parse the header; raise BadModelFile for non-GGUF or truncated files."""
     path = Path(path)
-    check_magic(path)
     header = read_header(path, keep_arrays=_PER_LAYER_KEYS)
     size = path.stat().st_size
     if header.data_end > size:
@@ -74,7 +89,7 @@ def read_gguf_info(path: str | Path) -> GGUFInfo:
         architecture=arch,
         name=fields.get("general.name") or path.stem,
         parameters=header.n_elements,
-        quant=_quant_name(fields),
+        quant=file_type_name(fields.get("general.file_type")),
         context_length=int(fields.get(f"{arch}.context_length") or 0),
         n_layers=int(fields.get(f"{arch}.block_count") or 0),
         n_embd=int(fields.get(f"{arch}.embedding_length") or 0),
@@ -93,11 +108,3 @@ def _scalar(value) -> int:
     if isinstance(value, (list, tuple)):
         return int(max(value)) if value else 0
     return int(value or 0)
-
-
-def sha256_file(path: str | Path, chunk: int = 8 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from llmctl import config
 from llmctl.errors import ModelNotFound
-from llmctl.files import atomic_write, file_lock
-from llmctl.store.gguf_info import read_gguf_info, sha256_file
+from llmctl.files import atomic_write, file_lock, sha256_file
+from llmctl.store.gguf_info import read_gguf_info
 
 
 @dataclass

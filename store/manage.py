@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmctl.errors import ModelNotFound
-from llmctl.store.gguf_info import GGUFInfo, read_gguf_info
+from llmctl.errors import ModelNotFound, PathEscape
+from llmctl.store.gguf_info import read_gguf_info, split_stem
 from llmctl.store.index import ModelEntry, StoreIndex
 from llmctl.store.registry import load_registry
 from llmctl.store.resolve import resolve_model
@@ -30,16 +31,11 @@ def list_models(index: StoreIndex | None = None) -> Listing:
     return Listing(local, available)
 
 
-def kv_cache_bytes(info: GGUFInfo, ctx_size: int, bytes_per_elem: float = 2.0) -> int:
-    n_kv = info.n_head_kv or info.n_head
-    return int(2 * info.n_layers * ctx_size * n_kv * info.head_dim * bytes_per_elem)
-
-
 def show_model(model: str, ctx_size: int | None = None) -> dict:
     resolved = resolve_model(model)
     info = read_gguf_info(resolved.path)
     ctx = ctx_size or resolved.context or min(info.context_length or 4096, 4096)
-    kv = kv_cache_bytes(info, ctx)
+    kv = info.kv_cache_bytes(ctx)
     data = {"name": resolved.name, "path": str(resolved.path), **info.to_dict()}
     if resolved.entry is not None:
         data["sha256"] = resolved.entry.sha256
@@ -52,13 +48,39 @@ def show_model(model: str, ctx_size: int | None = None) -> dict:
 
 def remove_model(model: str, index: StoreIndex | None = None) -> ModelEntry:
     """Forget a model; delete its file only if the store owns it and no other
-    name still points at it."""
+    name still points at it. A pulled model's file is a link in the Hugging
+    Face cache: the link goes, and its blob too unless another snapshot links
+    to it. Raises ModelNotFound, and PathEscape for a tampered index entry."""
     index = index or StoreIndex()
     if index.get(model) is None:
         raise ModelNotFound(f"model {model!r} is not in the store (see `llmctl list`)")
     entry = index.remove(model)
     still_used = any(e.path == entry.path for e in index.list())
-    if entry.owned and not still_used:
+    if not entry.owned or still_used:
+        return entry
+    if entry.extra.get("hf_cache"):
+        _remove_pulled(entry)
+    else:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(entry.path)
     return entry
+
+
+def _remove_pulled(entry: ModelEntry) -> None:
+    # At call time: the hub package imports the store, not the other way round.
+    from llmctl.hub.cache import RepoCache
+
+    folder = Path(entry.extra["hf_cache"])
+    cache = RepoCache(entry.extra["repo"], root=folder.parent)
+    if cache.dir != folder:
+        raise PathEscape(f"{entry.name}: index entry names {folder}, not {cache.folder_name}")
+    commit, file = entry.extra["commit"], entry.extra["file"]
+    first = cache.file(commit, file)
+    names = [file]
+    if (stem := split_stem(first.name)) is not None and first.parent.is_dir():
+        # A split GGUF is registered by its first shard; the others go with it.
+        subdir = posixpath.dirname(file)
+        names = [posixpath.join(subdir, p.name) for p in first.parent.iterdir()
+                 if split_stem(p.name) == stem]
+    for name in names:
+        cache.remove_file(commit, name)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from llmctl import config
 from llmctl.errors import ModelNotFound
-from llmctl.store.gguf_info import check_magic
+from llmctl.store.gguf_header import check_magic
 from llmctl.store.index import ModelEntry, StoreIndex
 from llmctl.store.registry import RegistryModel, load_registry
 

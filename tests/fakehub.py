@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 _SHA_CACHE: dict[int, tuple[str, str]] = {}
@@ -57,6 +58,8 @@ class Faults:
     cut_after: int | None = None       # drop a response after this many body bytes...
     cuts_left: int | None = None       # ...this many times (None: every time)
     down_after: int | None = None      # after this many body bytes in total, drop everything
+    pause_after: int | None = None     # after this many body bytes in total, hold every
+                                       # stream until hub.resume is set (hub.paused tells)
     corrupt: set = field(default_factory=set)   # (repo, path) served with one byte flipped
 
 
@@ -71,6 +74,8 @@ class FakeHub:
         self.active = 0
         self.max_active = 0
         self._lock = threading.Lock()
+        self.paused = threading.Event()    # a stream reached faults.pause_after
+        self.resume = threading.Event()
         self.server: ThreadingHTTPServer | None = None
 
     # -- set-up -----------------------------------------------------------
@@ -92,6 +97,7 @@ class FakeHub:
         return self
 
     def stop(self) -> None:
+        self.resume.set()   # let held streams end
         if self.server:
             self.server.shutdown()
             self.server.server_close()
@@ -102,6 +108,8 @@ class FakeHub:
 
     def reset(self) -> None:
         self.faults = Faults()
+        self.paused.clear()
+        self.resume.clear()
         self.served.clear()
         self.requests.clear()
         self.max_active = 0
@@ -236,6 +244,7 @@ def _handler(hub: FakeHub):
                 hub.max_active = max(hub.max_active, hub.active)
             try:
                 while pos < end:
+                    self._maybe_pause()
                     if self._should_cut(sent):
                         return self._cut()
                     chunk = view[pos:min(end, pos + step)]
@@ -256,6 +265,12 @@ def _handler(hub: FakeHub):
                 with hub._lock:
                     hub.active -= 1
 
+        def _maybe_pause(self) -> None:
+            limit = hub.faults.pause_after
+            if limit is not None and hub.total_served >= limit:
+                hub.paused.set()
+                hub.resume.wait()
+
         def _should_cut(self, sent: int) -> bool:
             f = hub.faults
             if f.down_after is not None and hub.total_served >= f.down_after:
@@ -271,3 +286,34 @@ def _handler(hub: FakeHub):
                 pass
 
     return Handler
+
+
+# -- what the pull tests share ---------------------------------------------
+def use_hub(hub: FakeHub, tmp: Path, monkeypatch) -> Path:
+    """Point huggingface_hub and llmctl at `hub` and fresh folders in `tmp`."""
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_HOME", str(tmp / "hf"))
+    monkeypatch.setenv("LLMCTL_HOME", str(tmp / "llmctl"))
+    monkeypatch.setenv("LLMCTL_PULL_BACKOFF", "0.02")
+    monkeypatch.setenv("HF_TOKEN_PATH", str(tmp / "no-token"))
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+    hub.reset()
+    return tmp
+
+
+def repo_dir(tmp: Path, repo: str) -> Path:
+    """The repo's folder in the HF cache that use_hub set up."""
+    return tmp / "hf" / "hub" / ("models--" + repo.replace("/", "--"))
+
+
+def one_line_error(result, code: int, *needles: str) -> str:
+    """Assert a CliRunner result failed with `code` and one `error:` line
+    holding every needle; return that line."""
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output
+    lines = [ln for ln in result.output.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, result.output
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]

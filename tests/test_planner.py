@@ -54,3 +54,12 @@ def test_parse(value, expected):
 def test_parse_rejects(value):
     with pytest.raises(ValueError):
         parse_gpu_layers(value)
+
+
+def test_planner_and_show_agree_on_the_kv_cache(model_path):
+    from llmctl.store.gguf_info import read_gguf_info
+
+    info = read_gguf_info(model_path)
+    shape = ModelShape(info.size, info.n_layers, info.n_embd, info.n_head, info.n_head_kv,
+                       head_dim=info.head_dim)
+    assert shape.kv_bytes_per_layer(4096) * info.n_layers == info.kv_cache_bytes(4096) > 0

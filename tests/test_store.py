@@ -8,7 +8,7 @@ import pytest
 from llmctl.errors import BadModelFile, ModelNotFound
 from llmctl.store import StoreIndex, resolve_model
 from llmctl.store.gguf_info import read_gguf_info
-from llmctl.store.manage import kv_cache_bytes, list_models, remove_model
+from llmctl.store.manage import list_models, remove_model
 from llmctl.store.registry import load_registry
 
 
@@ -86,4 +86,4 @@ def test_damaged_index_does_not_brick_the_store(empty_home):
 def test_kv_estimate_matches_shape(model_path):
     info = read_gguf_info(model_path)
     # 30 layers x 3 KV heads x 64 dims x K and V x 2 bytes per token.
-    assert kv_cache_bytes(info, 1000) == 30 * 3 * 64 * 2 * 2 * 1000
+    assert info.kv_cache_bytes(1000) == 30 * 3 * 64 * 2 * 2 * 1000
