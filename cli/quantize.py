@@ -11,7 +11,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from typing_extensions import Annotated
 
 from llmctl.cli import options as o
-from llmctl.cli.common import err, handle_errors, out, print_json
+from llmctl.cli.common import err, handle_errors, human_bytes, out, print_json
 
 _PHASES = {"convert": "converting to GGUF", "quantize": "quantizing",
            "check source": "perplexity (source)", "check result": "perplexity (result)"}
@@ -42,16 +42,12 @@ def phase_progress(enabled: bool) -> Iterator:
             bar.stop()
 
 
-def _mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB"
-
-
 def print_summary(r: dict) -> None:
     ratio = r["size_after"] / r["size_before"] if r["size_before"] else 0
     for w in r["warnings"]:
         err.print(f"warning: {w}", markup=False)
     out.print(f"{r['name']}  {r['type']}  {r['path']}", markup=False)
-    out.print(f"size: {_mb(r['size_before'])} -> {_mb(r['size_after'])} "
+    out.print(f"size: {human_bytes(r['size_before'])} -> {human_bytes(r['size_after'])} "
               f"({ratio:.0%} of the source) in {r['seconds']:.1f}s", markup=False)
     if r.get("intermediate"):
         out.print(f"kept: {r['intermediate']}", markup=False)
@@ -60,7 +56,8 @@ def print_summary(r: dict) -> None:
         out.print(f"{'':8}{'perplexity':>12}{'size':>14}", markup=False)
         for label in ("source", "result"):
             row = check[label]
-            out.print(f"{label:8}{row['perplexity']:12.3f}{_mb(row['size']):>14}", markup=False)
+            size = human_bytes(row["size"])
+            out.print(f"{label:8}{row['perplexity']:12.3f}{size:>14}", markup=False)
         out.print(f"change: {check['delta_pct']:+.2f}% perplexity", markup=False)
 
 

@@ -9,38 +9,27 @@ from pathlib import Path
 from typing import Callable
 
 from llmctl.errors import BadModelFile
-from llmctl.quantize.llama_log import capture_llama_log
+from llmctl.runtime.backend import capture_log, quantize_file
 
 Progress = Callable[[int, int], None]
 _TENSOR_LINE = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]")
 
 
-def quantize_params(ftype: int, *, threads: int | None = None,
-                    allow_requantize: bool = False):
-    import llama_cpp
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = ftype
-    params.nthread = threads or 0          # 0 = every hardware thread
-    params.allow_requantize = allow_requantize
-    return params
-
-
 def llama_quantize(src: Path, dst: Path, ftype: int, *, threads: int | None = None,
                    allow_requantize: bool = False,
                    progress: Progress | None = None) -> None:
-    """Quantize `src` into `dst` (which the caller owns and cleans up)."""
-    import llama_cpp
-
-    params = quantize_params(ftype, threads=threads, allow_requantize=allow_requantize)
+    """Quantize `src` into `dst` (which the caller owns and cleans up).
+    Raises BadModelFile with llama.cpp's reason when it refuses or fails."""
 
     def on_text(text: str) -> None:
         match = _TENSOR_LINE.match(text)
         if match and progress is not None:
             progress(int(match.group(1)), int(match.group(2)))
 
-    with capture_llama_log(on_text) as log:
-        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
+    with capture_log(on_text) as log:
+        # threads 0 lets llama.cpp use every hardware thread.
+        rc = quantize_file(src, dst, ftype, threads=threads or 0,
+                           allow_requantize=allow_requantize)
     if rc != 0:
         reason = log.last_error("llama.cpp could not quantize it")
         reason = reason.split("failed to quantize:", 1)[-1].strip()

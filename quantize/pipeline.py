@@ -5,18 +5,18 @@ failure or Ctrl-C never leaves a partial model behind."""
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from llmctl import config
 from llmctl.errors import UsageError
+from llmctl.files import clean_stale_tmp, require_space, staged, tmp_path
 from llmctl.store.gguf_header import read_header
 from llmctl.quantize.llama_quant import llama_quantize
 from llmctl.quantize.source import SourceModel, resolve_source
-from llmctl.quantize.space import estimate_bytes, require_space
+from llmctl.quantize.space import estimate_bytes
 from llmctl.quantize.types import FLOAT_TYPES, QuantType, file_type_name, resolve_type
 
 # progress(phase, done, total): phase is "convert", "quantize" or "check".
@@ -39,18 +39,6 @@ class QuantizeResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-@contextlib.contextmanager
-def staged(path: Path) -> Iterator[Path]:
-    """Yield a temp path beside `path`; rename it into place on success."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
 
 
 def default_output(source: SourceModel, qtype: QuantType) -> Path:
@@ -86,12 +74,17 @@ def quantize_model(model: str, *, bits: int | None = None, type: str | None = No
                    keep_f16: bool = False, force: bool = False,
                    check_file: str | Path | None = None, check_chunks: int | None = None,
                    progress: Progress | None = None) -> QuantizeResult:
+    """Quantize `model` (GGUF, or safetensors converted first) and register
+    the result. Raises UsageError (bad type, existing output, quantized
+    input), ModelNotFound, BadModelFile and DiskSpaceError."""
     from llmctl.quantize.registry import register_result
 
     qtype = resolve_type(bits, type)
     source = resolve_source(model)
     out = Path(output).expanduser() if output else default_output(source, qtype)
     _check_output(out, force)
+    # Temps of quantize runs that were killed: nothing else would delete them.
+    clean_stale_tmp(out.parent)
     text = _check_text(check_file) if check else None
     started = time.perf_counter()
     warnings: list[str] = []
@@ -148,14 +141,14 @@ def _convert(source: SourceModel, out: Path, keep: bool, force: bool,
 
     require_space(out.parent, int(source.size * 1.05) + (16 << 20) +
                   estimate_bytes(source.size // 2, "Q8_0"), "the converted model")
-    stem = out.name.removesuffix(".gguf")
     if keep:
         kept = out.with_name(f"{source.name}-{planned_dtype(source.path)}.gguf")
         _check_output(kept, force)
         with staged(kept) as tmp:
             convert_hf(source.path, tmp, name=source.name, progress=_phase(progress, "convert"))
         return kept, kept
-    tmp = out.with_name(f".{stem}.{os.getpid()}.convert.tmp")
+    tmp = tmp_path(out.with_name(f"{out.name.removesuffix('.gguf')}.convert"))
+    tmp.parent.mkdir(parents=True, exist_ok=True)
     try:
         convert_hf(source.path, tmp, name=source.name, progress=_phase(progress, "convert"))
     except BaseException:

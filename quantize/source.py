@@ -32,10 +32,8 @@ def _store_name(text: str) -> str:
 def _pulled_repo(ref: str) -> Path | None:
     if ref.count("/") != 1 or Path(ref).exists():
         return None
-    try:
-        from llmctl.hub import local_snapshot
-    except ImportError:        # hub/ not installed in this build
-        return None
+    from llmctl.hub import local_snapshot     # huggingface_hub is slow to import
+
     try:
         return local_snapshot(ref)
     except Exception:          # a malformed repo id is "not pulled", not a crash

@@ -1,12 +1,8 @@
-"""Disk-space estimates, checked before writing so a full disk fails fast
-with a clear message instead of mid-file."""
+"""Disk-space estimates for quantized files; llmctl.files.require_space
+checks them before writing, so a full disk fails fast with a clear message
+instead of mid-file."""
 
 from __future__ import annotations
-
-import shutil
-from pathlib import Path
-
-from llmctl.errors import DiskSpaceError
 
 _MARGIN = 1.10
 _SLACK = 16 << 20      # metadata, alignment, filesystem overhead
@@ -33,14 +29,7 @@ def _bpw(type_name: str) -> float:
 
 
 def estimate_bytes(n_elements: int, type_name: str) -> int:
+    """Upper bound on the size of a `type_name` file of `n_elements` weights."""
     # Mixes (Q4_K_M keeps some tensors at Q6_K) can exceed the main type.
     bpw = min(32.0, _bpw(type_name) + 2.0)
     return int(n_elements * bpw / 8 * _MARGIN) + _SLACK
-
-
-def require_space(directory: Path, needed: int, what: str) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(directory).free
-    if free < needed:
-        raise DiskSpaceError(f"not enough disk space in {directory} for {what}: "
-                             f"need about {needed / 1e6:,.0f} MB, {free / 1e6:,.0f} MB free")

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmctl.errors import UsageError
+# Every type name the linked llama.cpp can write, with its ftype.
+from llmctl.runtime.backend import file_types as available_types
 
 BITS_TO_TYPE = {4: "Q4_K_M", 8: "Q8_0"}
 
@@ -25,20 +27,9 @@ class QuantType:
         return self.name.lower()
 
 
-def available_types() -> dict[str, int]:
-    import llama_cpp
-
-    types = {}
-    for attr in dir(llama_cpp):
-        if not attr.startswith("LLAMA_FTYPE_") or attr == "LLAMA_FTYPE_GUESSED":
-            continue
-        name = attr.removeprefix("LLAMA_FTYPE_").removeprefix("MOSTLY_").removeprefix("ALL_")
-        types[name] = int(getattr(llama_cpp, attr))
-    return types
-
-
 def resolve_type(bits: int | None, type_name: str | None) -> QuantType:
-    """`--type` wins over `--bits`; one of them is required."""
+    """`--type` wins over `--bits`; one of them is required. Raises
+    UsageError for an unknown type, bits other than 4 or 8, or neither."""
     types = available_types()
     if type_name:
         key = type_name.strip().upper().replace("-", "_")

@@ -1,16 +1,20 @@
 """The thin layer over llama.cpp's C API (through llama-cpp-python's ctypes
-bindings). Everything else in the runtime is plain Python; only this file
-touches pointers, batches and samplers."""
+bindings). Everything else in llmctl is plain Python: only this file imports
+llama_cpp and touches pointers, batches, samplers, the quantizer and the
+library's log."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 import llama_cpp as lc
+import numpy as np
 
 from llmctl.errors import BadModelFile, DecodeError, LlmctlError
 from llmctl.runtime.sampling import SamplingParams
@@ -18,27 +22,81 @@ from llmctl.runtime.sampling import SamplingParams
 _init_lock = threading.Lock()
 _initialized = False
 
-
+# ggml.h's numbering (llama-cpp-python's _logger comment predates DEBUG=1).
 _GGML_LOG_LEVEL_ERROR = 4
+_GGML_LOG_LEVEL_CONT = 5
 
 # What a saved KV state depends on: the library that wrote it.
 LLAMA_CPP_VERSION: str = lc.__version__
 
 
+class LogCapture:
+    """llama.cpp's log lines while one call runs. The quantizer reports
+    per-tensor progress only through its log, and a failure's reason is an
+    error line we show instead of a wall of text."""
+
+    def __init__(self, on_text: Callable[[str], None] | None = None):
+        self.on_text = on_text
+        self.errors: list[str] = []
+
+    def feed(self, level: int, message: str) -> None:
+        if level == _GGML_LOG_LEVEL_ERROR and message.strip():
+            self.errors.append(message.strip())
+        if self.on_text is not None:
+            self.on_text(message)
+
+    def last_error(self, default: str) -> str:
+        """The most telling error line, or `default` when there was none."""
+        lines = [e for e in self.errors if not e.startswith("=")]
+        # llama.cpp ends a failure with "<func>: failed to ...: <reason>".
+        final = [e for e in lines if "failed to" in e]
+        return (final or lines or [default])[-1]
+
+
+# The innermost capture gets every line; with none, only errors reach stderr.
+_captures: list[LogCapture] = []
+_log_lock = threading.Lock()
+_last_level = 0
+
+
 @lc.llama_log_callback
 def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    # llama.cpp logs every tensor at load; users only need its errors.
+    # The one log filter: llama.cpp logs every tensor at load, and users
+    # only need its errors (or, while a call captures them, none at all).
+    global _last_level
     try:
-        if level == _GGML_LOG_LEVEL_ERROR or os.environ.get("LLMCTL_LLAMA_LOG"):
+        if level != _GGML_LOG_LEVEL_CONT:     # a continuation keeps its line's level
+            _last_level = level
+        capture = _captures[-1] if _captures else None
+        if os.environ.get("LLMCTL_LLAMA_LOG") or (
+                capture is None and _last_level == _GGML_LOG_LEVEL_ERROR):
             os.write(2, text)
+        if capture is not None:
+            capture.feed(_last_level, text.decode("utf-8", "replace"))
     except Exception:  # an exception must never cross back into C
         pass
 
 
 def install_quiet_log() -> None:
-    """(Re)install llmctl's log filter; code that captures llama.cpp's log
-    for a while calls this when done."""
+    """(Re)install llmctl's log filter, in case other code (llama-cpp-python's
+    own classes) replaced it."""
     lc.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+
+
+@contextlib.contextmanager
+def capture_log(on_text: Callable[[str], None] | None = None) -> Iterator[LogCapture]:
+    """Route llama.cpp's log lines (process-wide) to a LogCapture for the
+    duration instead of stderr. An exception raised by `on_text` is
+    swallowed: it must never unwind through C."""
+    init_backend()
+    capture = LogCapture(on_text)
+    with _log_lock:
+        _captures.append(capture)
+    try:
+        yield capture
+    finally:
+        with _log_lock:
+            _captures.remove(capture)
 
 
 def init_backend() -> None:
@@ -48,6 +106,30 @@ def init_backend() -> None:
             install_quiet_log()
             lc.llama_backend_init()
             _initialized = True
+
+
+def file_types() -> dict[str, int]:
+    """Every file type (llama_ftype) this build can write, by name: `Q4_K_M`."""
+    types = {}
+    for attr in dir(lc):
+        if not attr.startswith("LLAMA_FTYPE_") or attr == "LLAMA_FTYPE_GUESSED":
+            continue
+        name = attr.removeprefix("LLAMA_FTYPE_").removeprefix("MOSTLY_").removeprefix("ALL_")
+        types[name] = int(getattr(lc, attr))
+    return types
+
+
+def quantize_file(src: Path, dst: Path, ftype: int, *, threads: int = 0,
+                  allow_requantize: bool = False) -> int:
+    """llama_model_quantize `src` into `dst` (threads 0 = every hardware
+    thread); return its status, 0 on success. Raises nothing: the reason for
+    a failure is in the log, so callers run this inside `capture_log`."""
+    init_backend()
+    params = lc.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = threads
+    params.allow_requantize = allow_requantize
+    return lc.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
 
 
 def supports_gpu_offload() -> bool:
@@ -139,6 +221,7 @@ class ContextConfig:
     n_batch: int            # most tokens in one llama_decode call
     n_threads: int
     flash_attn: bool = True
+    n_ubatch: int | None = None     # tokens per graph run; None: min(n_batch, 512)
 
 
 class LlamaContext:
@@ -154,7 +237,7 @@ class LlamaContext:
         params = lc.llama_context_default_params()
         params.n_ctx = cfg.n_ctx_seq * cfg.n_seq_max
         params.n_batch = cfg.n_batch
-        params.n_ubatch = min(cfg.n_batch, 512)
+        params.n_ubatch = cfg.n_ubatch or min(cfg.n_batch, 512)
         params.n_seq_max = cfg.n_seq_max
         params.n_threads = params.n_threads_batch = cfg.n_threads
         params.flash_attn_type = (lc.LLAMA_FLASH_ATTN_TYPE_AUTO if cfg.flash_attn
@@ -192,14 +275,39 @@ class LlamaContext:
                 b.logits[n - 1] = 1
                 rows[k] = n - 1
         b.n_tokens = n
-        rc = lc.llama_decode(self.ptr, b)
+        self._run(b)
+        return rows
+
+    def _run(self, batch) -> None:
+        rc = lc.llama_decode(self.ptr, batch)
         if rc != 0:
             err = DecodeError(f"llama_decode failed (code {rc}): "
                               + ("no KV space left for the batch" if rc == 1 else "aborted or failed"))
             # rc=1 leaves the KV as it was before the call: a smaller batch may fit.
             err.rc = rc
             raise err
-        return rows
+
+    def decode_rows(self, tokens: list[int], first: int) -> np.ndarray:
+        """Decode `tokens` as sequence 0 from position 0 (after `clear`) and
+        return the logits of tokens[first:] as a (len - first, n_vocab)
+        float32 view, valid until the next decode. Raises DecodeError."""
+        b = self._batch
+        n = len(tokens)
+        for k, tok in enumerate(tokens):
+            b.token[k] = tok
+            b.pos[k] = k
+            b.n_seq_id[k] = 1
+            b.seq_id[k][0] = 0
+            b.logits[k] = k >= first
+        b.n_tokens = n
+        self._run(b)
+        # Rows that asked for logits are stored contiguously, in batch order.
+        ptr = lc.llama_get_logits_ith(self.ptr, first)
+        return np.ctypeslib.as_array(ptr, shape=(n - first, self.model.n_vocab))
+
+    def clear(self) -> None:
+        """Forget every sequence's KV."""
+        lc.llama_memory_clear(self.mem, True)
 
     def logits(self, row: int, n_vocab: int):
         ptr = lc.llama_get_logits_ith(self.ptr, row)

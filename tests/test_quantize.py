@@ -253,9 +253,9 @@ def test_bad_inputs_fail_cleanly(tmp_path, f16_gguf, hf_dir, monkeypatch):
     out.write_text("precious")
     assert "--force" in one_line_error(invoke("quantize", f16_gguf, "--bits", "8", "-o", out))
     assert out.read_text() == "precious"
-    import llmctl.quantize.space as space
+    import llmctl.files
 
-    monkeypatch.setattr(space.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10, 9, 1))
+    monkeypatch.setattr(llmctl.files, "free_bytes", lambda where: 1 << 20)
     r = invoke("quantize", f16_gguf, "--bits", "8", "-o", out, "--force")
     assert r.exit_code == 7 and "not enough disk space" in one_line_error(r)
     r = invoke("quantize", hf_dir, "--bits", "8", "-o", out, "--force")
