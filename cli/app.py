@@ -1,26 +1,86 @@
 """The root Typer app. Each command lives in its own module, which exposes
-`register(app)`; this file only wires them together."""
+`register(app)`; this file only wires them together.
+
+A module is imported only when one of its commands runs or shows its own
+help: `llmctl --version`, `llmctl --help` and every other command must not
+pay for fastapi, llama.cpp or the runtime that some commands import at
+module level. The root help lists each command from COMMANDS below, whose
+summaries are checked against the real commands by tests/test_cli_startup.py."""
 
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from llmctl import __version__
-from llmctl.cli.common import State
+
+# name: (module under llmctl.cli, first paragraph of the command's help), in
+# the order the root help lists them.
+COMMANDS = {
+    "chat": ("chat", "Chat with a model in the terminal."),
+    "run": ("run", "Answer one prompt and exit."),
+    "list": ("models", "List models in the store, and registry names you can pull."),
+    "show": ("models", "Show a model's metadata and the memory it needs at a context size."),
+    "rm": ("models", "Remove a model from the store (its file too, if the store downloaded it)."),
+    "info": ("info", "Show the backend build, threads, memory and GPUs."),
+    "pull": ("pull", "Download a model from the Hugging Face Hub into the local store."),
+    "quantize": ("quantize",
+                 "Quantize a model to GGUF (Q4_K_M, Q8_0 or any llama.cpp type) and register it."),
+    "serve": ("serve", "Serve a model over an OpenAI-compatible API "
+                       "(/v1/chat/completions, /v1/completions)."),
+    "bench": ("bench", "Measure throughput and latency the way the LLM Almanac does: serial,\n"
+                       "all-at-once, and a concurrency sweep between."),
+    "eval": ("evaluate", "Measure model quality."),
+    "cache": ("cache", "Show or clear the on-disk prompt-prefix KV cache."),
+}
+
+
+class _Pending(TyperCommand):
+    """Stands in for a command whose module is not imported yet: enough to
+    be listed in the root help, never run."""
+
+    def __init__(self, name: str, module: str, summary: str):
+        super().__init__(name, help=summary)
+        self.module = module
+
+
+class LazyGroup(TyperGroup):
+    """The root group: commands are _Pending until resolved to be run."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        for name, (module, summary) in COMMANDS.items():
+            self.commands.setdefault(name, _Pending(name, module, summary))
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> tuple[Any, Any, list[str]]:
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if isinstance(cmd, _Pending):
+            cmd = self.load(cmd.module)[name]
+        return name, cmd, rest
+
+    def load(self, module: str) -> dict:
+        """Import one command module and put its real commands in place of
+        their stand-ins; returns them by name. Raises ImportError as the
+        import does (e.g. a dependency missing)."""
+        scratch = typer.Typer()
+        importlib.import_module(f"llmctl.cli.{module}").register(scratch)
+        real = typer.main.get_group(scratch).commands
+        self.commands.update(real)
+        return real
+
 
 app = typer.Typer(
     name="llmctl",
+    cls=LazyGroup,
     help="Run open-weight LLMs on your own machine: pull, quantize, chat and serve.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-
-COMMAND_MODULES = ["chat", "run", "models", "info", "pull", "quantize", "evaluate",
-                   "serve", "bench", "cache"]
 
 
 def _version(value: bool) -> None:
@@ -36,11 +96,11 @@ def root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
 ) -> None:
+    # Imported here, where a command is about to run: common imports rich,
+    # which `--version` and `--help` (eager, they exit before this) skip.
+    from llmctl.cli.common import State
+
     State.debug = debug
-
-
-for _name in COMMAND_MODULES:
-    importlib.import_module(f"llmctl.cli.{_name}").register(app)
 
 
 def main() -> None:

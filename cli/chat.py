@@ -1,30 +1,65 @@
 """`llmctl chat`: an interactive REPL, or one answer per stdin line when
-stdin is not a terminal."""
+stdin is not a terminal. The REPL's slash commands live here; the
+conversation itself is llmctl.runtime.chat_session."""
 
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 
 from llmctl.cli import options as o
-from llmctl.cli.common import err, handle_errors, out
-from llmctl.runtime.chat_session import ChatSession
-from llmctl.runtime.llm import LLM, LoadOptions
-from llmctl.runtime.sampling import SamplingParams
+from llmctl.cli.common import err, handle_errors, out, write_out
+
+if TYPE_CHECKING:
+    from llmctl.runtime.chat_session import ChatSession, TurnStats
+
+HELP = """Commands:
+  /help          show this help
+  /clear         forget the conversation (keeps the system prompt)
+  /system TEXT   set the system prompt and start over
+  /stats         speed of the last answer
+  /bye           leave (Ctrl-D works too; Ctrl-C stops an answer)"""
 
 
-def _write(chunk: str) -> None:
-    sys.stdout.write(chunk)
-    sys.stdout.flush()
+def describe_stats(stats: TurnStats) -> str:
+    """The /stats line for one answer."""
+    return (f"prompt {stats.prompt_tokens} tok ({stats.cached_tokens} cached), generated "
+            f"{stats.completion_tokens} tok, TTFT {stats.ttft_s:.3f}s, "
+            f"{stats.tokens_per_s:.1f} tok/s")
 
 
-def _slash(session: ChatSession, line: str) -> bool:
-    """Run a slash command; True when it means leave."""
-    text, leave = session.command(line)
-    if not leave:
-        out.print(text, markup=False)
-    return leave
+def slash(session: ChatSession, line: str) -> tuple[str, bool]:
+    """Run a slash command on the session: (text to show, whether to leave)."""
+    name, _, arg = line.strip().partition(" ")
+    if name in ("/bye", "/exit", "/quit"):
+        return "", True
+    if name == "/help":
+        return HELP, False
+    if name == "/clear":
+        session.clear()
+        return "Conversation cleared.", False
+    if name == "/system":
+        session.set_system(arg.strip() or None)
+        return ("System prompt set." if session.system else "System prompt removed."), False
+    if name == "/stats":
+        return (describe_stats(session.last) if session.last else "No answer yet."), False
+    return f"Unknown command {name}; try /help.", False
+
+
+def _handle(session: ChatSession, line: str) -> bool:
+    """One line of input, a slash command or a prompt; True when it means leave."""
+    if not line.strip():
+        return False
+    if line.startswith("/"):
+        text, leave = slash(session, line)
+        if not leave:
+            out.print(text, markup=False)
+        return leave
+    session.answer(line, write_out)
+    write_out("\n")
+    return False
 
 
 def _interactive(session: ChatSession) -> None:
@@ -37,61 +72,38 @@ def _interactive(session: ChatSession) -> None:
         try:
             line = input(">>> ")
         except EOFError:
-            print()
+            write_out("\n")
             return
         except KeyboardInterrupt:
-            print()
-            continue
-        if not line.strip():
-            continue
-        if line.startswith("/"):
-            if _slash(session, line):
-                return
+            write_out("\n")
             continue
         try:
-            session.answer(line, _write)
+            if _handle(session, line):
+                return
         except KeyboardInterrupt:
-            _write(" [stopped]")
-        _write("\n")
+            write_out(" [stopped]\n")
 
 
 def _batch(session: ChatSession) -> None:
     """Piped input: one prompt per line, plain answers, nothing decorative."""
     for line in sys.stdin:
-        line = line.rstrip("\n")
-        if not line.strip():
-            continue
-        if line.startswith("/"):
-            if _slash(session, line):
-                return
-            continue
-        session.answer(line, _write)
-        _write("\n")
+        if _handle(session, line.rstrip("\n")):
+            return
 
 
 @handle_errors
-def chat(
-    model: o.ModelArg = None,
-    system: o.System = None,
-    temperature: o.Temperature = 0.8,
-    top_p: o.TopP = 0.95,
-    top_k: o.TopK = 40,
-    seed: o.Seed = None,
-    max_tokens: o.MaxTokens = None,
-    ctx_size: o.CtxSize = None,
-    threads: o.Threads = None,
-    n_gpu_layers: o.GpuLayers = "auto",
-) -> None:
+@o.with_generation
+def chat(gen: o.Generation, model: o.ModelArg = None) -> None:
     """Chat with a model in the terminal.
 
     Example: llmctl chat smollm2 --system "Answer briefly." --temperature 0.7
     """
-    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                            max_tokens=max_tokens)
-    load = LoadOptions(ctx_size=ctx_size, threads=threads,
-                       n_gpu_layers=n_gpu_layers)
-    with LLM.load(model, load) as llm:
-        session = ChatSession(llm, params, system=system)
+    from llmctl.runtime.chat_session import ChatSession
+    from llmctl.runtime.llm import LLM
+
+    params = gen.sampling()
+    with LLM.load(model, gen.load()) as llm:
+        session = ChatSession(llm, params, system=gen.system)
         if sys.stdin.isatty():
             _interactive(session)
         else:

@@ -9,7 +9,6 @@ import sys
 import traceback
 from typing import Any, Callable
 
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -46,8 +45,8 @@ def handle_errors(fn: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any):
         try:
             return fn(*args, **kwargs)
-        except (typer.Exit, click.exceptions.ClickException):
-            raise
+        except (typer.Exit, typer.TyperException):
+            raise   # Typer reports these itself: a usage error exits 2 with usage
         except LlmctlError as e:
             if State.debug:
                 traceback.print_exc()
@@ -63,9 +62,14 @@ def handle_errors(fn: Callable) -> Callable:
     return wrapper
 
 
-def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+def write_out(text: str) -> None:
+    """Write answer text to stdout as it streams: unstyled, flushed at once."""
+    sys.stdout.write(text)
     sys.stdout.flush()
+
+
+def print_json(data: Any) -> None:
+    write_out(json.dumps(data, indent=2, default=str) + "\n")
 
 
 def human_bytes(n: float) -> str:

@@ -1,15 +1,24 @@
 """Options shared by the commands that load a model and generate, declared
 once so `chat`, `run` and `serve` spell and document them the same way.
-Each also reads an `LLMCTL_*` environment variable."""
+Each also reads an `LLMCTL_*` environment variable.
+
+Only typer is imported at module level: every command module imports this
+one, so `llmctl CMD --help` pays for nothing more."""
 
 from __future__ import annotations
 
-from typing import Optional
+import dataclasses
+import functools
+import inspect
+import typing
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 from typing_extensions import Annotated
 
-from llmctl.runtime.planner import parse_gpu_layers
+if TYPE_CHECKING:
+    from llmctl.runtime.llm import LoadOptions
+    from llmctl.runtime.sampling import SamplingParams
 
 
 ModelArg = Annotated[Optional[str], typer.Argument(
@@ -27,9 +36,13 @@ CtxSize = Annotated[Optional[int], typer.Option(
     help="Context tokens per sequence (default: the model's registry value or 4096).")]
 Threads = Annotated[Optional[int], typer.Option(
     "--threads", min=1, envvar="LLMCTL_THREADS", help="Default: physical cores.")]
+
+
 def _check_gpu_layers(value: str) -> str:
     """Typer can't type 'auto|N'; the planner's own parser decides, and a
     bad value becomes a usage error here rather than at model load."""
+    from llmctl.runtime.planner import parse_gpu_layers
+
     try:
         parse_gpu_layers(value)
     except ValueError:
@@ -45,3 +58,62 @@ System = Annotated[Optional[str], typer.Option("--system", help="System prompt."
 Json = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
 
 
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """The load and sampling options of `chat` and `run`. Each field is one
+    CLI option: its annotation declares the flag, its default the default."""
+
+    system: System = None
+    temperature: Temperature = 0.8
+    top_p: TopP = 0.95
+    top_k: TopK = 40
+    seed: Seed = None
+    max_tokens: MaxTokens = None
+    ctx_size: CtxSize = None
+    threads: Threads = None
+    n_gpu_layers: GpuLayers = "auto"
+
+    def sampling(self) -> SamplingParams:
+        """The sampling half. Raises InvalidParams for out-of-range values."""
+        from llmctl.runtime.sampling import SamplingParams
+
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p,
+                              top_k=self.top_k, seed=self.seed, max_tokens=self.max_tokens)
+
+    def load(self, **extra: Any) -> LoadOptions:
+        """The load half, plus the command's own `extra` LoadOptions fields.
+        Raises UsageError for impossible values. Imports the runtime (and
+        llama.cpp), so call it only when a model is about to load."""
+        from llmctl.runtime.llm import LoadOptions
+
+        return LoadOptions(ctx_size=self.ctx_size, threads=self.threads,
+                           n_gpu_layers=self.n_gpu_layers, **extra)
+
+
+def with_generation(fn: Callable) -> Callable:
+    """Expose the fields of Generation as separate options of the command
+    `fn`, in place of its one parameter annotated `Generation`, and call `fn`
+    with them gathered into that Generation. Typer builds a command from the
+    signature, so the returned function carries the expanded one.
+
+    Raises ValueError at decoration if `fn` has no such parameter."""
+    signature = inspect.signature(fn, eval_str=True)
+    slots = [p for p in signature.parameters.values() if p.annotation is Generation]
+    if len(slots) != 1:
+        raise ValueError(f"{fn.__name__} needs exactly one parameter annotated Generation")
+    slot = slots[0]
+    hints = typing.get_type_hints(Generation, include_extras=True)
+    shared = [inspect.Parameter(f.name, slot.kind, default=f.default, annotation=hints[f.name])
+              for f in dataclasses.fields(Generation)]
+    params = list(signature.parameters.values())
+    at = params.index(slot)
+    params[at:at + 1] = shared
+
+    @functools.wraps(fn)
+    def command(**kwargs: Any) -> Any:
+        gen = Generation(**{p.name: kwargs.pop(p.name) for p in shared})
+        return fn(**kwargs, **{slot.name: gen})
+
+    command.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    return command
