@@ -17,7 +17,8 @@ from llmctl.store.gguf_header import read_header
 from llmctl.quantize.llama_quant import llama_quantize
 from llmctl.quantize.source import SourceModel, resolve_source
 from llmctl.quantize.space import estimate_bytes
-from llmctl.quantize.types import FLOAT_TYPES, QuantType, file_type_name, resolve_type
+from llmctl.quantize.types import FLOAT_TYPES, QuantType, resolve_type
+from llmctl.store.gguf_info import file_type_name
 
 # progress(phase, done, total): phase is "convert", "quantize" or "check".
 Progress = Callable[[str, int, int], None]

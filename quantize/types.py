@@ -44,13 +44,3 @@ def resolve_type(bits: int | None, type_name: str | None) -> QuantType:
                          param="bits")
     name = BITS_TO_TYPE[bits]
     return QuantType(name, types[name])
-
-
-def file_type_name(ftype: int | None) -> str:
-    """Name of a GGUF's general.file_type, in our spelling."""
-    if ftype is None:
-        return "unknown"
-    for name, value in available_types().items():
-        if value == ftype:
-            return name
-    return f"type{ftype}"
