@@ -12,8 +12,9 @@ from rich.console import Console
 from rich.table import Table
 
 from llmctl import __version__
-from llmctl.bench import launcher, plot as plotting, report
+from llmctl.bench import plot as plotting, report
 from llmctl.bench.client import auth_headers, discover_model, normalize_url, probe_features
+from llmctl.bench.launcher import Server
 from llmctl.bench.stats import best_under_slo
 from llmctl.bench.sweep import run_sweep
 from llmctl.bench.tokenizers import ApproxTokenizer, GgufTokenizer, ServerTokenizer, Tokenizer
@@ -50,8 +51,8 @@ def _endpoint(model: str | None, url: str | None, api_key: str | None,
     tok = GgufTokenizer(resolve_model(model).path)   # fails fast on a bad MODEL
     if console:
         console.print(f"starting `llmctl serve {model}` ...", markup=False)
-    with launcher.serve(model) as root:
-        yield root + "/v1", None, tok, True
+    with Server.llmctl_serve(model) as server:
+        yield server.url + "/v1", None, tok, True
 
 
 def bench(model: str | None = None, url: str | None = None, workload: str | None = None,

@@ -1,80 +1,144 @@
-"""Run `llmctl serve MODEL` on a free loopback port for the length of a
-benchmark, so `llmctl bench MODEL` measures exactly what users would serve."""
+"""One harness for every HTTP server we start on a loopback port: `llmctl
+bench MODEL`, the benchmark scripts and the tests all launch `llmctl serve`,
+llama-server or a stub through `Server`, wait for it to be ready and stop it
+the same way."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Iterator
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
 
 import httpx
 
 from llmctl.errors import ServeFailed
 
 STARTUP_TIMEOUT_S = float(os.environ.get("LLMCTL_BENCH_STARTUP_TIMEOUT", "300"))
+STOP_GRACE_S = 20.0
+POLL_S = 0.2
 
 
 def free_port() -> int:
-    # The port is free when we close it; serve binds it a moment later. The
-    # race is harmless on a loopback interface nobody else is scanning.
+    """A TCP port on 127.0.0.1 that nothing listens on at this moment."""
+    # The port is free when we close it; the server binds it a moment later.
+    # The race is harmless on a loopback interface nobody else is scanning.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _tail(path: str, lines: int = 5) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            text = [ln.strip() for ln in f.read().splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return " | ".join(text[-lines:])
+def http_ok(*paths: str) -> Callable[[str], bool]:
+    """A ready predicate: true once any of PATHS under the base URL answers
+    200. Servers differ: llama-server has /health, llama-cpp-python's only
+    /v1/models."""
+    def ready(url: str) -> bool:
+        for path in paths:
+            try:
+                if httpx.get(url + path, timeout=2.0).status_code == 200:
+                    return True
+            except httpx.TransportError:
+                pass
+        return False
+    return ready
 
 
-def _wait_healthy(proc: subprocess.Popen, url: str, log: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise ServeFailed(f"`llmctl serve` exited with code {proc.returncode}: {_tail(log)}")
+class Server:
+    """ARGV plus `--port PORT` (a free loopback port), its output in a
+    temporary log.
+
+    `start()` spawns it; `wait_ready()` polls READY(url) and raises
+    ServeFailed, with the log's last lines, when the process exits first or is
+    not ready in time; `stop()` sends SIGTERM (uvicorn and llama-server shut
+    down gracefully on it, as on Ctrl-C, and unlike SIGINT a background job
+    cannot have inherited it ignored) and kills it after a grace period. As a
+    context manager it does all three and yields itself; `url` is
+    http://127.0.0.1:PORT.
+    """
+
+    def __init__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                 ready: Callable[[str], bool] = http_ok("/health"), name: str | None = None,
+                 startup_timeout: float = STARTUP_TIMEOUT_S):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = [*argv, "--port", str(self.port)]
+        self.name = name or Path(argv[0]).name
+        self.startup_timeout = startup_timeout
+        self._env = {**os.environ, **(env or {})}
+        self._ready = ready
+        self._proc: subprocess.Popen | None = None
+        self._log: Path | None = None
+
+    @classmethod
+    def llmctl_serve(cls, *args: str, **kwargs) -> "Server":
+        """`llmctl serve ARGS` from the llmctl this interpreter imports."""
+        return cls([sys.executable, "-m", "llmctl", "serve", *args], name="llmctl serve",
+                   **kwargs)
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status, or None while it runs (or before start)."""
+        return self._proc.poll() if self._proc else None
+
+    def start(self) -> "Server":
+        """Spawn the process; OSError if ARGV cannot be run."""
+        fd, log = tempfile.mkstemp(prefix=f"llmctl-{self.name.replace(' ', '-')}-",
+                                   suffix=".log")
+        self._log = Path(log)
+        with os.fdopen(fd, "w") as out:
+            self._proc = subprocess.Popen(self.argv, env=self._env, stdout=out,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> "Server":
+        """Return once ready; ServeFailed if it exits or is not ready within
+        TIMEOUT seconds (default: startup_timeout)."""
+        timeout = self.startup_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.returncode is not None:
+                raise ServeFailed(f"`{self.name}` exited with code {self.returncode}: "
+                                  f"{self.log_tail()}")
+            if self._ready(self.url):
+                return self
+            if time.monotonic() > deadline:
+                raise ServeFailed(f"`{self.name}` was not ready after {timeout:.0f}s: "
+                                  f"{self.log_tail()}")
+            time.sleep(POLL_S)
+
+    def log_tail(self, lines: int = 5) -> str:
+        """The last non-blank lines of the output, joined with ' | '."""
         try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise ServeFailed(f"`llmctl serve` was not healthy after {timeout:.0f}s: {_tail(log)}")
+            text = self._log.read_text(errors="replace") if self._log else ""
+        except OSError:
+            return ""
+        return " | ".join([ln.strip() for ln in text.splitlines() if ln.strip()][-lines:])
 
+    def stop(self, grace: float = STOP_GRACE_S) -> None:
+        """Terminate, wait up to GRACE seconds, then kill; remove the log."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._log is not None:
+            self._log.unlink(missing_ok=True)
+            self._log = None
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    def __enter__(self) -> "Server":
+        self.start()
+        try:
+            return self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
 
-
-@contextlib.contextmanager
-def serve(model: str, timeout: float = STARTUP_TIMEOUT_S) -> Iterator[str]:
-    """Yield the base URL (http://127.0.0.1:PORT) of a healthy server."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "llmctl", "serve", model, "--port", str(port)]
-    with tempfile.NamedTemporaryFile("w+", prefix="llmctl-bench-serve-", suffix=".log",
-                                     delete=False) as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
-    try:
-        _wait_healthy(proc, url, log.name, timeout)
-        yield url
-    finally:
-        _stop(proc)
-        with contextlib.suppress(OSError):
-            os.unlink(log.name)
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -9,7 +9,11 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${LLMCTL_VENV:-$REPO/.venv}"
 PYTHON="${PYTHON:-python3}"
 LLAMA_CPP_VERSION="0.3.36"
-EXTRAS="${LLMCTL_EXTRAS:-}"
+# The CLI's own extras: every documented flag must work through
+# ./scripts/llmctl, and `bench --plot` needs matplotlib. ./scripts/test sets
+# LLMCTL_EXTRAS=test, a superset of these.
+CLI_EXTRAS="plot"
+EXTRAS="${LLMCTL_EXTRAS:-$CLI_EXTRAS}"
 
 # pip's chatter (build-backend warnings and all) goes to a log that is shown
 # only when a step fails.
@@ -79,8 +83,8 @@ build_wheel() {
 }
 
 # One stamp per set of extras, holding a hash of everything the install
-# depends on. The test extras are a superset of the base install, so a venv
-# set up by ./scripts/test also satisfies ./scripts/llmctl (no flip-flopping).
+# depends on. The test extras are a superset of the CLI's, so a venv set up
+# by ./scripts/test also satisfies ./scripts/llmctl (no flip-flopping).
 stamp_file() { echo "$VENV/.llmctl-setup${1:+-$1}"; }
 
 stamp_value() {
@@ -100,7 +104,7 @@ setup_main() {
     log "creating $VENV"
     "$PYTHON" -m venv "$VENV"
   fi
-  if stamp_ok "$EXTRAS" || { [[ -z "$EXTRAS" ]] && stamp_ok test; }; then
+  if stamp_ok "$EXTRAS" || { [[ "$EXTRAS" == "$CLI_EXTRAS" ]] && stamp_ok test; }; then
     return 0
   fi
   quiet "$VENV/bin/pip" install --upgrade pip wheel

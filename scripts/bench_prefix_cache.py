@@ -18,17 +18,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
+
+from llmctl.bench.launcher import Server
 
 MODEL = "smollm2"       # the served name; llama-server ignores it
 LLAMA_SERVER = Path("/tmp/llama-server-build/bin/llama-server")
@@ -41,50 +40,15 @@ def text(n_words: int, seed: int) -> str:
     return " ".join(rnd.choice(WORDS) for _ in range(n_words))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, cmd: list[str], home: str, port: int):
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc = subprocess.Popen(cmd, env={**os.environ, "LLMCTL_HOME": home},
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {' '.join(cmd)}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise TimeoutError("server not ready")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
 def llmctl_server(args, home: str, ctx: int, seqs: int, extra: list[str]) -> Server:
-    port = free_port()
-    cmd = [sys.executable, "-m", "llmctl", "serve", args.model, "--port", str(port),
-           "--ctx-size", str(ctx), "--max-num-seqs", str(seqs), "--threads", str(args.threads),
-           *extra]
-    return Server(cmd, home, port)
+    return Server.llmctl_serve(args.model, "--ctx-size", str(ctx), "--max-num-seqs", str(seqs),
+                               "--threads", str(args.threads), *extra,
+                               env={"LLMCTL_HOME": home})
 
 
 def llama_server(args, ctx: int, seqs: int, model_path: str) -> Server:
-    port = free_port()
-    cmd = [str(LLAMA_SERVER), "-m", model_path, "--port", str(port), "-np", str(seqs),
-           "-c", str(ctx * seqs), "--threads", str(args.threads), "--no-webui"]
-    return Server(cmd, tempfile.mkdtemp(), port)
+    return Server([str(LLAMA_SERVER), "-m", model_path, "-np", str(seqs), "-c", str(ctx * seqs),
+                   "--threads", str(args.threads), "--no-webui"])
 
 
 async def complete(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int,
@@ -116,21 +80,15 @@ def ttft_bench(args) -> dict:
     shared = text(850, 1)            # about 1,000 tokens
     asks = [f" Question {i}: " + text(14, 100 + i) for i in range(3)]   # about 20 tokens
     home = tempfile.mkdtemp(prefix="llmctl-bench-")
-    srv = llmctl_server(args, home, 2048, 4, [])
-    try:
+    with llmctl_server(args, home, 2048, 4, []) as srv:
         one(srv.url, "Hello there.", 4)             # graph set-up, not the prefix
         cold = one(srv.url, shared + asks[0])
         mem = one(srv.url, shared + asks[1])
-    finally:
-        srv.stop()
-    time.sleep(1)                    # the writer flushed on shutdown
-    srv = llmctl_server(args, home, 2048, 4, [])
-    try:
+    # The server has exited, so its cache writer has flushed.
+    with llmctl_server(args, home, 2048, 4, []) as srv:
         one(srv.url, "Hello there.", 4)
         disk = one(srv.url, shared + asks[2])
         stats = httpx.get(srv.url + "/stats").json()
-    finally:
-        srv.stop()
     return {"cold_ttft_s": cold, "memory_hit_ttft_s": mem, "disk_hit_ttft_s": disk,
             "memory_ratio": mem / cold, "disk_ratio": disk / cold,
             "disk_hit_tokens": stats.get("prefix_cache_hit_tokens")}
@@ -163,19 +121,13 @@ def throughput_bench(args, model_path: str) -> dict:
     configs = [("llmctl", []), ("llmctl --flash-attn on", ["--flash-attn", "on"]),
                ("llmctl --no-prefix-cache", ["--no-prefix-cache"])]
     for name, extra in configs:
-        srv = llmctl_server(args, tempfile.mkdtemp(prefix="llmctl-bench-"), 1024, 16,
-                            ["--max-queue", "64", *extra])
-        try:
+        with llmctl_server(args, tempfile.mkdtemp(prefix="llmctl-bench-"), 1024, 16,
+                           ["--max-queue", "64", *extra]) as srv:
             out[name] = asyncio.run(load_run(srv.url, 32, 16, 64))
-        finally:
-            srv.stop()
         print(name, out[name], file=sys.stderr)
     if LLAMA_SERVER.exists():
-        srv = llama_server(args, 1024, 16, model_path)
-        try:
+        with llama_server(args, 1024, 16, model_path) as srv:
             out["llama-server -np 16"] = asyncio.run(load_run(srv.url, 32, 16, 64))
-        finally:
-            srv.stop()
     return out
 
 

@@ -18,38 +18,40 @@ pydantic-settings); it is skipped when they are missing.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import subprocess
 import sys
-import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
-import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from llmctl.bench.api import bench  # noqa: E402
-from llmctl.bench.launcher import free_port  # noqa: E402
-from llmctl.runtime.system import default_threads  # noqa: E402
-from tests.conftest import smollm2_file  # noqa: E402
+from llmctl.bench.api import bench
+from llmctl.bench.launcher import Server, http_ok
+from llmctl.runtime.system import default_threads
+from llmctl.store.resolve import resolve_model
 
 CTX_PER_SEQ = 512
+# llama-cpp-python's server has no /health; /v1/models answers once it is up.
+READY = http_ok("/health", "/v1/models")
 
 
-def servers(threads: int, llama_server: Path | None, peers: bool) -> dict[str, list[str]]:
-    model = str(smollm2_file())
-    out = {"llmctl serve": [sys.executable, "-m", "llmctl", "serve", "smollm2",
-                            "--max-num-seqs", "16", "--ctx-size", str(CTX_PER_SEQ),
-                            "--threads", str(threads)]}
+def servers(threads: int, llama_server: Path | None,
+            peers: bool) -> dict[str, Callable[[], Server]]:
+    """Each server to measure, as a factory: a port is picked at start."""
+    model = str(resolve_model("smollm2").path)
+    out = {"llmctl serve": partial(Server.llmctl_serve, "smollm2", "--max-num-seqs", "16",
+                                   "--ctx-size", str(CTX_PER_SEQ), "--threads", str(threads))}
     if peers and llama_server and llama_server.exists():
-        out["llama-server -np 16"] = [str(llama_server), "-m", model, "-np", "16",
-                                      "-c", str(16 * CTX_PER_SEQ), "-t", str(threads),
-                                      "-tb", str(threads), "--host", "127.0.0.1"]
+        out["llama-server -np 16"] = partial(
+            Server, [str(llama_server), "-m", model, "-np", "16", "-c", str(16 * CTX_PER_SEQ),
+                     "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1"],
+            ready=READY)
     if peers and _has_lcp_server():
-        out["llama-cpp-python server"] = [sys.executable, "-m", "llama_cpp.server", "--model",
-                                          model, "--n_ctx", str(CTX_PER_SEQ * 2),
-                                          "--n_threads", str(threads), "--host", "127.0.0.1"]
+        out["llama-cpp-python server"] = partial(
+            Server, [sys.executable, "-m", "llama_cpp.server", "--model", model,
+                     "--n_ctx", str(CTX_PER_SEQ * 2), "--n_threads", str(threads),
+                     "--host", "127.0.0.1"],
+            name="llama_cpp.server", ready=READY)
     return out
 
 
@@ -61,33 +63,6 @@ def _has_lcp_server() -> bool:
     except ImportError:
         return False
     return True
-
-
-@contextlib.contextmanager
-def running(cmd: list[str]):
-    port = free_port()
-    log = open(f"/tmp/bench_serve_{port}.log", "w")
-    proc = subprocess.Popen([*cmd, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{cmd[0]} exited; see {log.name}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.3)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def level(run: dict) -> dict:
@@ -124,10 +99,11 @@ def main() -> None:
     args = ap.parse_args()
     runs: dict[str, list[dict]] = {}
     for i in range(args.rounds):
-        for name, cmd in servers(args.threads, args.llama_server, not args.skip_peers).items():
+        for name, server in servers(args.threads, args.llama_server,
+                                    not args.skip_peers).items():
             print(f"== round {i + 1}: {name}", flush=True)
-            with running(cmd) as url:
-                runs.setdefault(name, []).append(measure(url))
+            with server() as srv:
+                runs.setdefault(name, []).append(measure(srv.url))
             print(json.dumps(runs[name][-1]), flush=True)
     results = {name: median_run(r) for name, r in runs.items()}
     print(f"\nmedians over {args.rounds} rounds")

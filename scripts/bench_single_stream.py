@@ -18,16 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.conftest import smollm2_file  # noqa: E402
-
 PROMPT = "Write a long story about a lighthouse keeper and a storm."
 
 
 def tight_loop(path: Path, n_tokens: int, threads: int) -> float:
     """Decode tokens/s of the bare C API: prompt, then sample+decode n times."""
-    import ctypes
-
     import llama_cpp as lc
 
     from llmctl.runtime.backend import init_backend
@@ -56,7 +51,6 @@ def tight_loop(path: Path, n_tokens: int, threads: int) -> float:
     lc.llama_sampler_free(smpl)
     lc.llama_free(ctx)
     lc.llama_model_free(model)
-    del ctypes
     return (n_tokens - 1) / elapsed
 
 
@@ -79,7 +73,6 @@ def main() -> None:
     from llmctl.runtime.system import default_threads
 
     threads = args.threads or default_threads()
-    path = smollm2_file()
     ceiling, ours = [], []
     for i in range(args.rounds):
         # Fresh processes for both, so neither inherits the other's warm state.
@@ -98,11 +91,12 @@ def main() -> None:
     print(f"  tight llama_decode loop  {c:6.1f} tok/s  (ceiling)")
     print(f"  llmctl run               {o:6.1f} tok/s")
     print(f"  median per-round ratio   {ratio:.3f} of ceiling")
-    del path
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--_tight":
-        print(tight_loop(smollm2_file(), int(sys.argv[2]), int(sys.argv[3])))
+        from llmctl.store.resolve import resolve_model
+
+        print(tight_loop(resolve_model("smollm2").path, int(sys.argv[2]), int(sys.argv[3])))
     else:
         main()

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
+
+from llmctl.bench.launcher import Server
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -60,49 +57,15 @@ def llm(session_home):
         yield loaded
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    def __init__(self, args: list[str], env: dict | None = None):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "llmctl", "serve", *args, "--port", str(self.port)]
-        self.proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})},
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-    def wait_ready(self, timeout: float = 120) -> "ServerProcess":
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.proc.stdout.read()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError("server did not become ready")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+def ServerProcess(args: list[str], env: dict | None = None) -> Server:  # noqa: N802
+    """`llmctl serve ARGS`, already started: callers wait_ready() and stop().
+    Kept under its old name for the tests that import it."""
+    return Server.llmctl_serve(*args, env=env).start()
 
 
 @pytest.fixture(scope="module")
 def server(session_home):
-    srv = ServerProcess(["smollm2", "--ctx-size", "1024", "--max-num-seqs", "8",
-                         "--max-queue", "4", "--max-num-batched-tokens", "256",
-                         "--no-prefix-cache"],
-                        env={"LLMCTL_HOME": str(session_home)})
-    try:
-        yield srv.wait_ready()
-    finally:
-        srv.stop()
+    with Server.llmctl_serve("smollm2", "--ctx-size", "1024", "--max-num-seqs", "8",
+                             "--max-queue", "4", "--max-num-batched-tokens", "256",
+                             "--no-prefix-cache", env={"LLMCTL_HOME": str(session_home)}) as srv:
+        yield srv

@@ -1,7 +1,8 @@
 """A stub OpenAI-compatible server that streams tokens at a known pace, for
-testing `llmctl bench`. Run as a script; it prints its port, then serves.
+testing `llmctl bench`. Run as a script (the tests start it through
+llmctl.bench.launcher.Server, which adds --port):
 
-  python tests/stub_openai.py --ttft 0.1 --itl 0.02 [--fail-every K]
+  python tests/stub_openai.py --ttft 0.1 --itl 0.02 --port PORT [--fail-every K]
       [--tokenize] [--reject-ignore-eos] [--api-key KEY]
 
 Each request is paced on its own clock (as if the server had unlimited
@@ -126,14 +127,14 @@ def main() -> None:
     p.add_argument("--tokenize", action="store_true")
     p.add_argument("--reject-ignore-eos", action="store_true")
     p.add_argument("--api-key")
+    p.add_argument("--port", type=int, required=True)
     a = p.parse_args()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # Accepted sockets inherit this on Linux; without it, Nagle plus delayed
     # ACKs add 40 ms to every small response on a kept-alive connection.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind(("127.0.0.1", 0))
-    print(sock.getsockname()[1], flush=True)
+    sock.bind(("127.0.0.1", a.port))
     app = make_app(a.ttft, a.itl, a.fail_every, a.tokenize, a.reject_ignore_eos, a.api_key)
     config = uvicorn.Config(app, log_level="warning", access_log=False)
     uvicorn.Server(config).run(sockets=[sock])

@@ -1,0 +1,57 @@
+"""The one process harness (llmctl.bench.launcher) that `llmctl bench`, the
+benchmark scripts and the tests start servers with."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llmctl.bench.launcher import Server, http_ok
+from llmctl.errors import ServeFailed
+
+STUB = str(Path(__file__).with_name("stub_openai.py"))
+
+
+def python(code: str) -> list[str]:
+    # `--port N` lands in sys.argv, where these snippets ignore it.
+    return [sys.executable, "-c", code]
+
+
+def test_a_server_is_ready_then_stopped_gracefully():
+    with Server([sys.executable, STUB]) as srv:
+        assert srv.returncode is None
+        assert http_ok("/nope", "/v1/models")(srv.url)
+        assert not http_ok("/nope")(srv.url)
+    # uvicorn shuts down on SIGTERM, then (in recent versions) re-raises it.
+    assert srv.returncode in (0, -signal.SIGTERM)
+    with pytest.raises(httpx.TransportError):
+        httpx.get(srv.url + "/health", timeout=2)
+
+
+def test_a_server_that_exits_early_fails_with_its_log_tail():
+    srv = Server(python("import sys; print('no model here'); sys.exit(3)"), name="fake serve")
+    with pytest.raises(ServeFailed, match=r"`fake serve` exited with code 3: no model here"):
+        with srv:
+            pass
+
+
+def test_a_server_never_ready_fails_and_is_stopped():
+    srv = Server(python("import time; print('loading', flush=True); time.sleep(60)"),
+                 ready=lambda url: False, startup_timeout=0.5)
+    with pytest.raises(ServeFailed, match="not ready after .*loading"):
+        with srv:
+            pass
+    assert srv.returncode is not None
+
+
+def test_stop_kills_a_server_that_ignores_sigterm():
+    code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('up', flush=True); time.sleep(60)")
+    srv = Server(python(code), ready=lambda url: "up" in srv.log_tail())
+    with srv:
+        srv.stop(grace=0.5)
+    assert srv.returncode == -signal.SIGKILL
