@@ -14,12 +14,13 @@ from llmctl.cli.common import err, handle_errors, out, write_out
 
 if TYPE_CHECKING:
     from llmctl.runtime.chat_session import ChatSession, TurnStats
+    from llmctl.runtime.stats import Stats
 
 HELP = """Commands:
   /help          show this help
   /clear         forget the conversation (keeps the system prompt)
   /system TEXT   set the system prompt and start over
-  /stats         speed of the last answer
+  /stats         speed of the last answer, and this session's totals
   /bye           leave (Ctrl-D works too; Ctrl-C stops an answer)"""
 
 
@@ -28,6 +29,13 @@ def describe_stats(stats: TurnStats) -> str:
     return (f"prompt {stats.prompt_tokens} tok ({stats.cached_tokens} cached), generated "
             f"{stats.completion_tokens} tok, TTFT {stats.ttft_s:.3f}s, "
             f"{stats.tokens_per_s:.1f} tok/s")
+
+
+def describe_totals(stats: Stats) -> str:
+    """The engine's counters, read from the same snapshot /metrics and
+    /stats serve."""
+    return (f"session: {sum(stats.requests.values())} answers, prompt {stats.prompt_tokens} tok "
+            f"({stats.cached_tokens} cached), generated {stats.generation_tokens} tok")
 
 
 def slash(session: ChatSession, line: str) -> tuple[str, bool]:
@@ -44,7 +52,8 @@ def slash(session: ChatSession, line: str) -> tuple[str, bool]:
         session.set_system(arg.strip() or None)
         return ("System prompt set." if session.system else "System prompt removed."), False
     if name == "/stats":
-        return (describe_stats(session.last) if session.last else "No answer yet."), False
+        last = describe_stats(session.last) if session.last else "No answer yet."
+        return f"{last}\n{describe_totals(session.llm.stats())}", False
     return f"Unknown command {name}; try /help.", False
 
 

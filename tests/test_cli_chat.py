@@ -1,7 +1,7 @@
 """chat's slash commands over a conversation, without a model: they only
 touch the session's state (answers are covered end to end in test_cli.py)."""
 
-from llmctl.cli.chat import HELP, slash
+from llmctl.cli.chat import HELP, describe_stats, slash
 from llmctl.runtime.chat_session import ChatSession, TurnStats
 from llmctl.runtime.events import FinishEvent, Usage
 
@@ -27,13 +27,10 @@ def test_system_replaces_or_removes_the_prompt_and_starts_over():
 
 
 def test_stats_describe_the_last_answer():
-    s = _session()
-    assert slash(s, "/stats") == ("No answer yet.", False)
-    s.last = TurnStats.from_finish(FinishEvent("stop", Usage(87, 30, 72), ttft_s=0.0624,
-                                               duration_s=0.3, decode_s=0.25))
-    text, leave = slash(s, "/stats")
-    assert not leave
-    assert text == "prompt 87 tok (72 cached), generated 30 tok, TTFT 0.062s, 116.0 tok/s"
+    last = TurnStats.from_finish(FinishEvent("stop", Usage(87, 30, 72), ttft_s=0.0624,
+                                             duration_s=0.3, decode_s=0.25))
+    assert describe_stats(last) == \
+        "prompt 87 tok (72 cached), generated 30 tok, TTFT 0.062s, 116.0 tok/s"
 
 
 def test_help_bye_and_unknown():

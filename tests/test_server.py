@@ -2,6 +2,7 @@
 for SSE framing and error bodies, concurrency, disconnects and a full queue."""
 
 import concurrent.futures as cf
+import contextlib
 import json
 import socket
 import time
@@ -130,7 +131,7 @@ def test_client_disconnect_frees_its_slot(server):
     body = json.dumps({"messages": MSG, "max_tokens": 900, "ignore_eos": True,
                        "stream": True}).encode()
     sock = socket.create_connection(("127.0.0.1", server.port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                  b"application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     assert b"200" in sock.recv(4096)
     deadline = time.time() + 20
@@ -145,17 +146,21 @@ def test_client_disconnect_frees_its_slot(server):
 
 
 def test_full_queue_gets_429(server):
-    # 8 slots + 4 queue places: the 13th and later concurrent requests get 429.
-    body = {"messages": MSG, "max_tokens": 60, "ignore_eos": True}
-
-    def post(_):
-        return httpx.post(server.url + "/v1/chat/completions", json=body, timeout=600)
-
-    with cf.ThreadPoolExecutor(20) as pool:
-        responses = list(pool.map(post, range(20)))
-    codes = [r.status_code for r in responses]
-    assert codes.count(200) >= 12 and 429 in codes
-    rejected = next(r for r in responses if r.status_code == 429)
+    # 8 slots + 4 queue places: once 12 long requests hold them, the next gets 429.
+    body = {"messages": MSG, "max_tokens": 900, "ignore_eos": True, "stream": True}
+    with contextlib.ExitStack() as stack:
+        for _ in range(12):
+            r = stack.enter_context(httpx.stream("POST", server.url + "/v1/chat/completions",
+                                                 json=body, timeout=600))
+            assert r.status_code == 200
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            s = httpx.get(server.url + "/stats").json()
+            if (s["requests_running"], s["requests_waiting"]) == (8, 4):
+                break
+            time.sleep(0.05)
+        rejected = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert rejected.status_code == 429
     assert rejected.headers["retry-after"] and rejected.json()["error"]["type"] == "rate_limit_error"
 
 
