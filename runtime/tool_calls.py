@@ -1,0 +1,438 @@
+"""Tool calls in model output: which syntax a chat template teaches, and a
+parser that turns the model's text into OpenAI-shaped content, reasoning and
+tool calls, streamed or whole.
+
+The parser never raises on model output. A call marker followed by anything
+that is not a well-formed call (malformed JSON, arguments that are not an
+object, a name outside the request's tools) stays in the content verbatim:
+the client sees what the model wrote, and an agent is never handed a call it
+cannot execute. Content is stripped of surrounding whitespace and is None
+when nothing but whitespace is left, as OpenAI sends null content beside
+tool calls.
+
+Also here: validation of the request's `tools`/`tool_choice` and of tool
+calls and tool results in the conversation history."""
+
+from __future__ import annotations
+
+import enum
+import json
+import random
+import re
+import secrets
+import string
+from dataclasses import dataclass, field
+from typing import Callable, Union
+
+from llmctl.runtime.reasoning import ThinkSplitter, partial_marker_len
+
+
+class ToolFormat(str, enum.Enum):
+    HERMES = "hermes"    # <tool_call>{"name": …, "arguments": {…}}</tool_call>
+    LLAMA3 = "llama3"    # [<|python_tag|>]{"name": …, "parameters": {…}}; …
+    MISTRAL = "mistral"  # [TOOL_CALLS][{…}, …] or [TOOL_CALLS]name[ARGS]{…}
+    GENERIC = "generic"  # {"tool_calls": [{…}]} or {"name": …, "arguments": {…}}
+    NONE = "none"
+
+
+def detect_format(template: str | None) -> ToolFormat:
+    """The tool-call syntax a chat template teaches, from its marker strings.
+    Templates whose `<tool_call>` wraps something other than JSON (GLM,
+    Qwen3-Coder's XML) come out HERMES; their calls then stay content.
+    Raises nothing."""
+    t = template or ""
+    if "[TOOL_CALLS]" in t:
+        return ToolFormat.MISTRAL
+    if "<tool_call>" in t:
+        return ToolFormat.HERMES
+    if "<|python_tag|>" in t or ("ipython" in t and "<|start_header_id|>" in t):
+        return ToolFormat.LLAMA3
+    if re.search(r"\btools\b", t):
+        return ToolFormat.GENERIC
+    return ToolFormat.NONE
+
+
+_ID_CHARS = string.ascii_letters + string.digits
+
+
+def call_id_factory(rng: random.Random | None = None) -> Callable[[], str]:
+    """A source of OpenAI-style ids, `call_` and 24 letters or digits: from
+    `secrets` by default, from `rng` when given (seeded, for tests)."""
+    pick = rng.choice if rng is not None else secrets.choice
+    return lambda: "call_" + "".join(pick(_ID_CHARS) for _ in range(24))
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # compact JSON text of an object, as OpenAI's function.arguments
+
+    def to_openai(self) -> dict:
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
+class ParsedMessage:
+    content: str | None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    reasoning: str | None = None
+
+
+@dataclass(frozen=True)
+class ContentDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A call's first delta carries its id and name (arguments ""); later
+    ones carry only argument text, to be appended in order."""
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
+
+    def to_openai(self) -> dict:
+        """The entry of `choices[0].delta.tool_calls` in a streamed chunk."""
+        if self.id is None:
+            return {"index": self.index, "function": {"arguments": self.arguments}}
+        return {"index": self.index, "id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+Delta = Union[ContentDelta, ReasoningDelta, ToolCallDelta]
+
+
+def collect(deltas: list[Delta]) -> ParsedMessage:
+    """Folds streamed deltas into the message they spell. Raises nothing."""
+    content, reasoning, calls = [], [], {}
+    for d in deltas:
+        if isinstance(d, ContentDelta):
+            content.append(d.text)
+        elif isinstance(d, ReasoningDelta):
+            reasoning.append(d.text)
+        elif d.id is not None:
+            calls[d.index] = [d.id, d.name, d.arguments]
+        else:
+            calls[d.index][2] += d.arguments
+    return ParsedMessage("".join(content) or None,
+                         [ToolCall(*calls[i]) for i in sorted(calls)],
+                         "".join(reasoning) or None)
+
+
+def parse_tool_calls(text: str, fmt: ToolFormat, tool_names: set[str] | None = None, *,
+                     reasoning: bool = True, started_in_thought: bool = False,
+                     new_id: Callable[[], str] | None = None) -> ParsedMessage:
+    """Content, tool calls and reasoning in a whole model output; see
+    ToolCallStream for the arguments. Malformed calls and calls to names not
+    in `tool_names` stay in the content. Raises nothing."""
+    stream = ToolCallStream(fmt, tool_names, reasoning,
+                            started_in_thought=started_in_thought, new_id=new_id)
+    return collect(stream.feed(text) + stream.finish())
+
+
+class _Trimmed:
+    """One output channel: drops leading whitespace and holds trailing
+    whitespace until more text follows, so the streamed text equals the
+    whole text stripped."""
+
+    def __init__(self) -> None:
+        self._started = False
+        self._held = ""
+
+    def push(self, text: str) -> str:
+        if not self._started:
+            text = text.lstrip()
+            self._started = bool(text)
+        body = text.rstrip()
+        if not body:
+            self._held += text
+            return ""
+        out, self._held = self._held + body, text[len(body):]
+        return out
+
+
+_MARKERS = {ToolFormat.HERMES: "<tool_call>", ToolFormat.LLAMA3: "<|python_tag|>",
+            ToolFormat.MISTRAL: "[TOOL_CALLS]"}
+# Output that opens with bare JSON: Llama 3 and generic calls are plain JSON,
+# and llama.cpp renders Mistral's [TOOL_CALLS] control token as nothing.
+_OPENERS = {ToolFormat.LLAMA3: re.compile(r"\{"), ToolFormat.GENERIC: re.compile(r"\{"),
+            ToolFormat.MISTRAL: re.compile(r"\[\s*\{")}
+_HERMES_CLOSE = re.compile(r"\s*</tool_call>")
+_MISTRAL_HEAD = re.compile(r"([A-Za-z0-9_.-]{1,64})(?:\[CALL_ID\][A-Za-z0-9]*)?\[ARGS\]\s*")
+_MISTRAL_HEAD_SO_FAR = re.compile(r"[A-Za-z0-9_.\-\[\]]{0,150}")
+_SEPARATORS = " \t\r\n;"
+
+
+class _Brackets:
+    """Finds where a JSON object or array starting at `start` ends, resuming
+    where the previous call stopped, so a long call streamed in small chunks
+    is scanned once."""
+
+    _OUTSIDE = re.compile(r'[{}\[\]"]')
+    _INSIDE = re.compile(r'[\\"]')
+
+    def __init__(self, start: int) -> None:
+        self.start = self._pos = start
+        self._depth = 0
+        self._in_string = False
+        self._end: int | None = None
+
+    def end(self, s: str) -> int | None:
+        """Index just past the value, or None while it is unfinished."""
+        while self._end is None:
+            m = (self._INSIDE if self._in_string else self._OUTSIDE).search(s, self._pos)
+            if m is None:
+                self._pos = len(s)
+                return None
+            c = m.group()
+            if c == "\\":
+                if m.end() == len(s):  # the escaped character is still to come
+                    self._pos = m.start()
+                    return None
+                self._pos = m.end() + 1
+                continue
+            self._pos = m.end()
+            if c == '"':
+                self._in_string = not self._in_string
+            elif c in "{[":
+                self._depth += 1
+            else:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._end = self._pos
+        return self._end
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads(text: str):
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except ValueError:
+        return None
+
+
+class ToolCallStream:
+    """Parses model output as it streams. `feed(delta)` and `finish()` return
+    the deltas decided so far; text that may begin a marker is held back until
+    the next chunk decides it, and a call is emitted once its JSON is
+    complete: one delta with index, id and name, one with its arguments.
+    Folding all deltas (collect()) gives exactly parse_tool_calls() of the
+    whole text, however it was chunked.
+
+    `tool_names`: names a call may use; None accepts any, an empty set none.
+    `reasoning`: a leading <think>…</think> goes to ReasoningDeltas; when
+    False it stays in the content verbatim. Either way it is never parsed
+    for tool calls. `started_in_thought`: the prompt already opened the
+    thought (see reasoning.opens_thought). `new_id`: the id source, by
+    default call_id_factory(). Raises ValueError for an unknown `fmt`, and
+    nothing on any model output."""
+
+    def __init__(self, fmt: ToolFormat, tool_names: set[str] | None = None,
+                 reasoning: bool = True, *, started_in_thought: bool = False,
+                 new_id: Callable[[], str] | None = None) -> None:
+        self._fmt = ToolFormat(fmt)
+        self._names = tool_names
+        self._reasoning = reasoning
+        self._new_id = new_id or call_id_factory()
+        self._think = ThinkSplitter(started_in_thought)
+        self._content, self._thought = _Trimmed(), _Trimmed()
+        self._out: list[Delta] = []
+        self._buf = ""
+        self._mode = "start"
+        self._raw = ""  # the marker that opened the current section
+        self._scan: _Brackets | None = None
+        self._head: str | None = None  # the name in Mistral's name[ARGS]{…} form
+        self._index = 0
+
+    def feed(self, text: str) -> list[Delta]:
+        return self._run(text, final=False)
+
+    def finish(self) -> list[Delta]:
+        """Decides all text held back; call once, after the last feed."""
+        return self._run("", final=True)
+
+    def _run(self, text: str, final: bool) -> list[Delta]:
+        for kind, part in self._think.feed(text, final):
+            if kind == "body":
+                self._buf += part
+                while getattr(self, "_in_" + self._mode)(final):
+                    pass
+            elif self._reasoning:
+                if kind == "thought":
+                    self._emit(ReasoningDelta, self._thought.push(part))
+            else:
+                self._emit(ContentDelta, self._content.push(part))
+        if final:
+            while getattr(self, "_in_" + self._mode)(final):
+                pass
+        out, self._out = self._out, []
+        return out
+
+    def _emit(self, kind: type, text: str) -> None:
+        if not text:
+            return
+        if self._out and type(self._out[-1]) is kind:
+            text = self._out.pop().text + text
+        self._out.append(kind(text))
+
+    def _say(self, text: str) -> None:
+        self._emit(ContentDelta, self._content.push(text))
+
+    def _open_section(self, mode: str, raw: str) -> bool:
+        self._mode, self._raw, self._scan, self._head = mode, raw, None, None
+        return True
+
+    def _fail(self) -> bool:
+        """Not a call after all: the marker becomes content and the text after
+        it is read again as content."""
+        self._say(self._raw)
+        return self._open_section("content", "")
+
+    def _in_start(self, final: bool) -> bool:
+        head = self._buf.lstrip()
+        opener = _OPENERS.get(self._fmt)
+        if not head and not final:
+            return False
+        if opener is not None and opener.match(head):
+            section = "array" if self._fmt is ToolFormat.MISTRAL else "json_seq"
+            return self._open_section(section, "")
+        if opener is not None and not final and re.fullmatch(r"\[\s*", head):
+            return False
+        return self._open_section("content", "")
+
+    def _in_content(self, final: bool) -> bool:
+        marker = _MARKERS.get(self._fmt)
+        at = self._buf.find(marker) if marker else -1
+        if at >= 0:
+            self._say(self._buf[:at])
+            self._buf = self._buf[at + len(marker):]
+            # Llama's <|python_tag|> is a control token clients never see.
+            raw = "" if self._fmt is ToolFormat.LLAMA3 else marker
+            section = {ToolFormat.HERMES: "hermes", ToolFormat.LLAMA3: "json_seq"}
+            return self._open_section(section.get(self._fmt, "mistral"), raw)
+        keep = 0 if final or not marker else partial_marker_len(self._buf, (marker,))
+        self._say(self._buf[:len(self._buf) - keep])
+        self._buf = self._buf[len(self._buf) - keep:]
+        return False
+
+    def _json_at(self, final: bool, start: int) -> tuple[int | None, bool]:
+        """(end of the JSON value at `start`, whether to keep waiting)."""
+        if self._scan is None:
+            self._scan = _Brackets(start)
+        end = self._scan.end(self._buf)
+        return end, end is None and not final
+
+    def _in_hermes(self, final: bool) -> bool:
+        head = self._buf.lstrip()
+        if not head:
+            return self._fail() if final else False
+        if head[0] != "{":
+            return self._fail()
+        end, wait = self._json_at(final, len(self._buf) - len(head))
+        if wait:
+            return False
+        if end is None:
+            return self._fail()
+        close = _HERMES_CLOSE.match(self._buf, end)
+        rest = self._buf[end:].lstrip()
+        if close is None and not final and "</tool_call>".startswith(rest):
+            return False
+        if close is None and rest:
+            return self._fail()
+        return self._accept(self._scan.start, end, close.end() if close else len(self._buf),
+                            "content")
+
+    def _in_json_seq(self, final: bool) -> bool:
+        # Separators between Llama 3's calls (";", newlines) are dropped.
+        if self._scan is None:
+            self._buf = self._buf.lstrip(_SEPARATORS)
+            if not self._buf or self._buf[0] != "{":
+                return self._open_section("content", "") if self._buf else False
+        end, wait = self._json_at(final, 0)
+        if wait:
+            return False
+        if end is None:
+            return self._fail()
+        return self._accept(0, end, end, "json_seq")
+
+    def _in_array(self, final: bool) -> bool:
+        head = self._buf.lstrip()
+        if not head:
+            return self._fail() if final else False
+        end, wait = self._json_at(final, len(self._buf) - len(head))
+        if wait:
+            return False
+        return self._fail() if end is None else self._accept(self._scan.start, end, end, "content")
+
+    def _in_mistral(self, final: bool) -> bool:
+        head = self._buf.lstrip()
+        if head.startswith("["):
+            return self._open_section("array", self._raw)
+        m = _MISTRAL_HEAD.match(head)
+        if m is None:
+            if not final and _MISTRAL_HEAD_SO_FAR.fullmatch(head):
+                return False
+            return self._fail()
+        start = len(self._buf) - len(head) + m.end()
+        if start == len(self._buf) and not final:
+            return False
+        if self._buf[start:start + 1] != "{":
+            return self._fail()
+        end, wait = self._json_at(final, start)
+        if wait:
+            return False
+        self._head = m.group(1)
+        return self._fail() if end is None else self._accept(start, end, end, "content")
+
+    def _accept(self, start: int, end: int, stop: int, then: str) -> bool:
+        """Emits the calls in buf[start:end] and resumes after buf[:stop], or
+        fails the section when they are not calls."""
+        calls = self._calls(self._buf[start:end])
+        if calls is None:
+            if self._mode == "json_seq":  # a JSON answer, not a call
+                self._say(self._buf[:end])
+                self._buf = self._buf[end:]
+                return self._open_section("content", "")
+            return self._fail()
+        for name, arguments in calls:
+            self._out.append(ToolCallDelta(self._index, self._new_id(), name, ""))
+            self._out.append(ToolCallDelta(self._index, None, None, arguments))
+            self._index += 1
+        self._buf = self._buf[stop:]
+        return self._open_section(then, "")
+
+    def _calls(self, text: str) -> list[tuple[str, str]] | None:
+        value = _loads(text)
+        if self._head is not None:
+            value = {"name": self._head, "arguments": value}
+        if isinstance(value, dict) and isinstance(value.get("tool_calls"), list):
+            value = value["tool_calls"]
+        items = value if isinstance(value, list) else [value]
+        calls = [self._call(item) for item in items]
+        return calls if calls and None not in calls else None
+
+    def _call(self, item) -> tuple[str, str] | None:
+        if isinstance(item, dict) and "name" not in item and isinstance(item.get("function"), dict):
+            item = item["function"]  # OpenAI's own shape
+        if not isinstance(item, dict):
+            return None
+        name = item.get("name")
+        args = item.get("arguments", item.get("parameters"))
+        if isinstance(args, str):
+            args = _loads(args)
+        if not isinstance(name, str) or not isinstance(args, dict):
+            return None
+        if self._names is not None and name not in self._names:
+            return None
+        return name, json.dumps(args, ensure_ascii=False, separators=(",", ":"))
