@@ -9,8 +9,6 @@ from typing_extensions import Annotated
 
 from llmctl.cli import options as o
 from llmctl.cli.common import err, handle_errors
-from llmctl.runtime.llm import LoadOptions
-from llmctl.server.serve import serve as serve_model
 
 
 class FlashAttn(str, Enum):
@@ -49,21 +47,36 @@ def serve(
     prefix_cache_size: Annotated[float, typer.Option(
         "--prefix-cache-size", min=0.0, envvar="LLMCTL_PREFIX_CACHE_SIZE",
         help="Disk budget of the prefix KV cache, in GB.")] = 4.0,
+    max_body_mb: Annotated[float, typer.Option(
+        "--max-body-mb", min=0.001, envvar="LLMCTL_MAX_BODY_MB",
+        help="Largest request body, in MiB; bigger ones get 413.")] = 8.0,
+    metrics_public: Annotated[bool, typer.Option(
+        "--metrics-public", envvar="LLMCTL_METRICS_PUBLIC",
+        help="Serve /metrics without the API key (for a Prometheus scraper).")] = False,
+    allowed_origins: Annotated[str, typer.Option(
+        "--allowed-origins", envvar="LLMCTL_ALLOWED_ORIGINS",
+        help="Comma-separated browser origins allowed besides localhost, e.g. "
+             "https://app.example.com,https://*.example.org ('*': any).")] = "",
 ) -> None:
     """Serve a model over an OpenAI-compatible API (/v1/chat/completions, /v1/completions).
 
     Example: llmctl serve smollm2 --port 8000 --max-num-seqs 16
     """
-    if max_num_batched_tokens <= max_num_seqs:
-        raise typer.BadParameter("must exceed --max-num-seqs", param_hint="--max-num-batched-tokens")
+    # Imported here so that `llmctl --help` does not load the server stack.
+    from llmctl.runtime.llm import LoadOptions
+    from llmctl.server.serve import serve as serve_model
+    from llmctl.server.state import HttpPolicy
+
     load = LoadOptions(ctx_size=ctx_size, threads=threads,
                        n_gpu_layers=n_gpu_layers, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens, max_queue=max_queue,
                        prefix_cache=not no_prefix_cache, prefix_cache_size_gb=prefix_cache_size,
                        flash_attn={"auto": None, "on": True, "off": False}[flash_attn.value])
-    from llmctl.server.state import HttpPolicy
-
-    serve_model(model, host, port, load, HttpPolicy(api_key=api_key or None),
+    policy = HttpPolicy(api_key=api_key or None, metrics_public=metrics_public,
+                        allowed_origins=tuple(origin.strip() for origin in allowed_origins.split(",")
+                                              if origin.strip()),
+                        max_body_bytes=int(max_body_mb * (1 << 20)))
+    serve_model(model, host, port, load, policy,
                 on_ready=lambda url: err.print(f"Serving on {url}/v1 (Ctrl-C to stop)"))
 
 

@@ -64,6 +64,15 @@ class AuthError(LlmctlError):
     code = "invalid_api_key"
 
 
+class Forbidden(LlmctlError):
+    """A request from a web origin or Host the server does not trust."""
+
+    exit_code = 3
+    http_status = 403
+    error_type = "permission_error"
+    code = "forbidden"
+
+
 class QueueFull(LlmctlError):
     exit_code = 4
     http_status = 429

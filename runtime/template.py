@@ -64,24 +64,44 @@ class ChatTemplate:
 
 
 def normalize_messages(messages) -> list[dict]:
-    """Validate OpenAI-style messages; flatten content parts to text."""
+    """Validate OpenAI-style messages; flatten text content parts to one
+    string. Raises InvalidParams (param="messages") for anything else: no
+    messages, a message that is not an object, a missing or non-string role,
+    content that is not a string, null or list of text parts, and tool
+    calls, which llmctl does not implement."""
     if not isinstance(messages, list) or not messages:
         raise InvalidParams("messages must be a non-empty list", param="messages")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise InvalidParams(f"messages[{i}] must be an object with a 'role'", param="messages")
-        content = m.get("content", "")
-        if isinstance(content, list):
-            texts = [p.get("text", "") for p in content
-                     if isinstance(p, dict) and p.get("type") == "text"]
-            if len(texts) != len(content):
-                raise InvalidParams(f"messages[{i}]: only text content parts are supported",
-                                    param="messages")
-            content = "".join(texts)
-        elif content is None:
-            content = ""
-        elif not isinstance(content, str):
-            raise InvalidParams(f"messages[{i}].content must be a string", param="messages")
-        out.append({"role": m["role"], "content": content})
-    return out
+    return [{"role": _role(i, m), "content": _content(i, m.get("content"))}
+            for i, m in enumerate(messages)]
+
+
+def _role(i: int, message) -> str:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
+            or not message["role"]:
+        raise InvalidParams(f"messages[{i}] must be an object with a string 'role'",
+                            param="messages")
+    for key in ("tool_calls", "function_call"):
+        if message.get(key):
+            raise InvalidParams(f"messages[{i}].{key} is not supported by llmctl yet",
+                                param="messages")
+    return message["role"]
+
+
+def _content(i: int, content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidParams(f"messages[{i}].content must be a string or a list of parts",
+                            param="messages")
+    texts = []
+    for j, part in enumerate(content):
+        where = f"messages[{i}].content[{j}]"
+        if not isinstance(part, dict) or part.get("type") != "text":
+            raise InvalidParams(f"{where}: only text content parts are supported",
+                                param="messages")
+        if not isinstance(part.get("text"), str):
+            raise InvalidParams(f"{where}.text must be a string", param="messages")
+        texts.append(part["text"])
+    return "".join(texts)

@@ -1,32 +1,31 @@
-"""The FastAPI application: error mapping, the API-key check and the routes.
+"""The FastAPI application: error mapping, access control and the routes.
 Handlers live in info_routes.py and completions.py; no generation logic
 lives in the server at all."""
 
 from __future__ import annotations
 
-import secrets
+from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
-from fastapi import FastAPI, Request
-
-from llmctl.errors import AuthError
 from llmctl.server import completions, errors, info_routes
+from llmctl.server.middleware import AccessGuard, OriginGuard
 from llmctl.server.state import ServerState
 
 
-def create_app(state: ServerState) -> FastAPI:
+def create_app(state: ServerState, bind_host: str | None = None) -> FastAPI:
+    """The app for `state`; `bind_host` (the --host it listens on) is also
+    accepted in the Host header of a loopback server."""
     app = FastAPI(title="llmctl", docs_url=None, redoc_url=None)
     app.state.llmctl = state
     errors.install(app)
-
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if state.policy.api_key and request.url.path.startswith("/v1"):
-            header = request.headers.get("authorization", "")
-            token = header[7:] if header.lower().startswith("bearer ") else ""
-            if not secrets.compare_digest(token.encode(), state.policy.api_key.encode()):
-                return errors.error_response(AuthError("invalid or missing API key"))
-        return await call_next(request)
-
+    # The last added runs first: foreign origins and rebound hosts are
+    # refused before anything else, CORS preflights (which carry no API key)
+    # are answered next, and only then are the key and body size checked.
+    app.add_middleware(AccessGuard, policy=state.policy)
+    # Every origin that reaches this layer passed OriginGuard.
+    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"],
+                       allow_headers=["*"])
+    app.add_middleware(OriginGuard, policy=state.policy, bind_host=bind_host)
     app.include_router(info_routes.router)
     app.include_router(completions.router)
     return app

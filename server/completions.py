@@ -17,7 +17,7 @@ from llmctl.runtime.events import ErrorEvent, FinishEvent, TokenEvent
 from llmctl.runtime.llm import LLM, AsyncStream
 from llmctl.server import errors
 from llmctl.server.body import json_body
-from llmctl.server.protocol import ResponseIds, finish_reason, parse_sampling, stream_options
+from llmctl.server.protocol import ParsedRequest, ResponseIds, finish_reason, parse_request
 from llmctl.server.state import state_of
 
 router = APIRouter()
@@ -37,24 +37,14 @@ async def completions(request: Request):
     return await _generate(request, chat=False)
 
 
-def _prompt_tokens(llm: LLM, body: dict, chat: bool) -> list[int]:
-    if chat:
-        if "messages" not in body:
-            raise InvalidParams("'messages' is required", param="messages")
-        return llm.chat_tokens(body["messages"])
-    prompt = body.get("prompt")
-    if prompt is None:
-        raise InvalidParams("'prompt' is required", param="prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
-        if not all(0 <= t < llm.model.n_vocab for t in prompt):
-            raise InvalidParams("'prompt' has token ids outside the vocabulary", param="prompt")
-        return list(prompt)
-    if not isinstance(prompt, str):
-        raise InvalidParams("'prompt' must be a string, a one-string list or token ids",
-                            param="prompt")
-    return llm.text_tokens(prompt)
+def _prompt_tokens(llm: LLM, req: ParsedRequest) -> list[int]:
+    if req.messages is not None:
+        return llm.chat_tokens(req.messages)
+    if isinstance(req.prompt, str):
+        return llm.text_tokens(req.prompt)
+    if not all(t < llm.model.n_vocab for t in req.prompt):
+        raise InvalidParams("'prompt' has token ids outside the vocabulary", param="prompt")
+    return list(req.prompt)
 
 
 def _sse(obj: dict) -> str:
@@ -63,24 +53,18 @@ def _sse(obj: dict) -> str:
 
 async def _generate(request: Request, chat: bool) -> Response:
     state = state_of(request)
-    body = await json_body(request)
+    req = parse_request(await json_body(request), chat, state.defaults)
     llm = state.ready()
-    model = body.get("model")
-    if model not in (None, "") and model not in state.aliases:
-        raise ModelNotFound(f"model {model!r} is not served here; this server serves "
+    if req.model is not None and req.model not in state.aliases:
+        raise ModelNotFound(f"model {req.model!r} is not served here; this server serves "
                             f"{state.name!r}", param="model")
-    stream_flag = body.get("stream", False)
-    if not isinstance(stream_flag, bool):
-        raise InvalidParams("'stream' must be a boolean", param="stream")
-    params = parse_sampling(body, state.defaults)
-    include_usage = stream_options(body)
     # Rendering and tokenizing a large prompt takes a while: off the loop.
-    tokens = await asyncio.to_thread(_prompt_tokens, llm, body, chat)
-    stream = llm.open_stream(tokens, params)
+    tokens = await asyncio.to_thread(_prompt_tokens, llm, req)
+    stream = llm.open_stream(tokens, req.params)
     watcher = asyncio.create_task(_cancel_on_disconnect(request, stream))
     ids = ResponseIds(state.name, chat)
-    if stream_flag:
-        return StreamingResponse(_stream(stream, watcher, ids, include_usage),
+    if req.stream:
+        return StreamingResponse(_stream(stream, watcher, ids, req.include_usage),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     try:

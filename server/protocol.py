@@ -3,13 +3,16 @@ so a client's mistake is a 400 that names the parameter, never a 500."""
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from llmctl.errors import InvalidParams
 from llmctl.runtime.events import Usage
 from llmctl.runtime.sampling import SamplingParams
+from llmctl.runtime.template import normalize_messages
 
 _NUMBER = (int, float)
 # (body key, SamplingParams field, accepted types)
@@ -24,33 +27,88 @@ _SAMPLING_FIELDS = [
     ("seed", "seed", (int,)),
     ("ignore_eos", "ignore_eos", (bool,)),
 ]
+_INT32_MAX = 2**31 - 1   # top_k goes to llama.cpp as a C int
+
+
+def _given(value: Any) -> bool:
+    return value is not None
+
+
+# OpenAI fields llmctl does not implement, each with the test for a value
+# that asks for something (null, and the values that mean "off", pass).
+# Dropping them silently would hand the client an answer it did not ask for.
+_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
+    "tools": _given,
+    "tool_choice": _given,
+    "parallel_tool_calls": _given,
+    "functions": _given,
+    "function_call": _given,
+    "audio": _given,
+    "response_format": lambda v: v not in (None, {"type": "text"}),
+    "modalities": lambda v: v not in (None, ["text"]),
+    "logprobs": lambda v: v is not None and v is not False,
+    "top_logprobs": lambda v: v is not None and v != 0,
+    "logit_bias": lambda v: v not in (None, {}),
+    "echo": lambda v: v is not None and v is not False,
+    "suffix": lambda v: v not in (None, ""),
+}
 
 
 def _typed(body: dict, key: str, types: tuple) -> Any:
+    """body[key] if it has one of `types`; None when absent or null (OpenAI:
+    null means the default). Raises InvalidParams naming `key` otherwise."""
     value = body.get(key)
     if value is None:
         return None
     if isinstance(value, bool) and bool not in types:
-        raise InvalidParams(f"'{key}' must be a number, got a boolean", param=key)
+        raise InvalidParams(f"'{key}' must be {_names(types)}, got a boolean", param=key)
     if not isinstance(value, types):
-        names = " or ".join(t.__name__ for t in types)
-        raise InvalidParams(f"'{key}' must be {names}, got {type(value).__name__}", param=key)
+        raise InvalidParams(f"'{key}' must be {_names(types)}, got {_json_type(value)}",
+                            param=key)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidParams(f"'{key}' must be a finite number", param=key)
     return value
 
 
+def _names(types: tuple) -> str:
+    if types == _NUMBER:
+        return "a number"
+    return " or ".join({int: "an integer", bool: "a boolean", str: "a string",
+                        dict: "an object", list: "an array"}[t] for t in types)
+
+
+def _json_type(value: Any) -> str:
+    return {str: "a string", dict: "an object", list: "an array", int: "an integer",
+            float: "a number", bool: "a boolean"}.get(type(value), type(value).__name__)
+
+
+def _count(body: dict, key: str) -> None:
+    """n and best_of: an integer, and only 1 is implemented."""
+    value = _typed(body, key, (int,))
+    if value is None or value == 1:
+        return
+    if value < 1:
+        raise InvalidParams(f"'{key}' must be at least 1", param=key)
+    raise InvalidParams(f"'{key}' > 1 is not supported by llmctl yet", param=key)
+
+
 def parse_sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
+    """The sampling parameters of a request over `defaults`. Raises
+    InvalidParams (param: the field) for a wrong type or value out of range."""
     values: dict[str, Any] = {}
     for key, name, types in _SAMPLING_FIELDS:
         value = _typed(body, key, types)
         if value is not None:
             values[name] = value
-    max_tokens = _typed(body, "max_completion_tokens", (int,))
-    if max_tokens is None:
-        max_tokens = _typed(body, "max_tokens", (int,))
-    if max_tokens is not None:
-        if max_tokens < 1:
-            raise InvalidParams("'max_tokens' must be at least 1", param="max_tokens")
-        values["max_tokens"] = max_tokens
+    if values.get("top_k", 0) > _INT32_MAX:
+        raise InvalidParams(f"'top_k' must be at most {_INT32_MAX}", param="top_k")
+    # max_completion_tokens is OpenAI's newer name; it wins when both are set.
+    for key in ("max_tokens", "max_completion_tokens"):
+        max_tokens = _typed(body, key, (int,))
+        if max_tokens is not None:
+            if max_tokens < 1:
+                raise InvalidParams(f"'{key}' must be at least 1", param=key)
+            values["max_tokens"] = max_tokens
     stop = body.get("stop")
     if stop is not None:
         if isinstance(stop, str):
@@ -58,19 +116,75 @@ def parse_sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
             raise InvalidParams("'stop' must be a string or a list of strings", param="stop")
         values["stop"] = tuple(s for s in stop if s)
-    n = body.get("n", 1)
-    if n != 1:
-        raise InvalidParams("only n=1 is supported", param="n")
+    _count(body, "n")
+    _count(body, "best_of")
     return defaults.replace(**values)
 
 
 def stream_options(body: dict) -> bool:
-    opts = body.get("stream_options")
+    """Whether the client asked for a final usage chunk."""
+    opts = _typed(body, "stream_options", (dict,))
     if opts is None:
         return False
-    if not isinstance(opts, dict):
-        raise InvalidParams("'stream_options' must be an object", param="stream_options")
-    return bool(opts.get("include_usage"))
+    include = opts.get("include_usage")
+    if include is not None and not isinstance(include, bool):
+        raise InvalidParams("'stream_options.include_usage' must be a boolean",
+                            param="stream_options")
+    return bool(include)
+
+
+def parse_common(body: dict) -> tuple[str | None, bool, bool]:
+    """(model, stream, include_usage) of a completion request; model is None
+    when absent, null or empty. Raises InvalidParams naming the field."""
+    model = _typed(body, "model", (str,))
+    stream = _typed(body, "stream", (bool,))
+    return model or None, bool(stream), stream_options(body)
+
+
+def _prompt(body: dict) -> str | list[int]:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise InvalidParams("'prompt' is required", param="prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
+        return list(prompt)
+    if not isinstance(prompt, str):
+        raise InvalidParams("'prompt' must be a string, a one-string list or token ids",
+                            param="prompt")
+    return prompt
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """A validated /v1/chat/completions or /v1/completions request."""
+
+    model: str | None               # None: whatever this server serves
+    stream: bool
+    include_usage: bool
+    params: SamplingParams
+    messages: list[dict] | None     # chat: normalized {"role", "content": str} messages
+    prompt: str | list[int] | None  # completions: text, or token ids >= 0 (the
+                                    # caller checks them against the vocabulary)
+
+
+def parse_request(body: dict, chat: bool, defaults: SamplingParams) -> ParsedRequest:
+    """Validate a whole completion request. Raises InvalidParams with `param`
+    naming the field: a wrong type, a value out of range, a missing
+    messages/prompt, or a field llmctl does not implement (tools, logprobs,
+    n > 1, ...). Fields that change nothing (user, metadata, store, ...)
+    are accepted."""
+    for key, asks in _UNSUPPORTED.items():
+        if asks(body.get(key)):
+            raise InvalidParams(f"'{key}' is not supported by llmctl yet", param=key)
+    model, stream, include_usage = parse_common(body)
+    params = parse_sampling(body, defaults)
+    if chat:
+        if body.get("messages") is None:
+            raise InvalidParams("'messages' is required", param="messages")
+        return ParsedRequest(model, stream, include_usage, params,
+                             normalize_messages(body["messages"]), None)
+    return ParsedRequest(model, stream, include_usage, params, None, _prompt(body))
 
 
 def usage_dict(usage: Usage) -> dict:

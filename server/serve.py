@@ -49,7 +49,7 @@ def serve(model: str | None, host: str, port: int, load: LoadOptions,
     _check_port(host, port)
     state = ServerState(name=resolved.name, aliases=_aliases(resolved.name, resolved.path.stem),
                         policy=policy or HttpPolicy())
-    app = create_app(state)
+    app = create_app(state, bind_host=host)
 
     def load_model() -> None:
         # /health answers 503 while this runs, so orchestrators can wait.

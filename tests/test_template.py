@@ -50,3 +50,27 @@ def test_normalize_messages_flattens_text_parts_and_rejects_garbage():
     for bad in ([], "hi", [{"content": "x"}], [{"role": "user", "content": 5}]):
         with pytest.raises(InvalidParams):
             normalize_messages(bad)
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": [{"type": "text", "text": 5}]}],
+    [{"role": "user", "content": [{"type": "text", "text": None}]}],
+    [{"role": "user", "content": [{"type": "text"}]}],
+    [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+    [{"role": "user", "content": ["text"]}],
+    [{"role": "user", "content": {"type": "text", "text": "hi"}}],
+    [{"role": None, "content": "x"}],
+    [{"role": "", "content": "x"}],
+    [["user", "x"]],
+    [{"role": "assistant", "tool_calls": [{"id": "1", "type": "function"}]}],
+])
+def test_every_message_shape_error_is_invalid_params(messages):
+    with pytest.raises(InvalidParams) as e:
+        normalize_messages(messages)
+    assert e.value.param == "messages" and "messages[0]" in e.value.message
+
+
+def test_null_content_and_extra_keys_are_accepted():
+    msgs = [{"role": "system", "content": None, "name": "x"}, {"role": "user", "content": []}]
+    assert normalize_messages(msgs) == [{"role": "system", "content": ""},
+                                        {"role": "user", "content": ""}]
