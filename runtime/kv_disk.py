@@ -3,44 +3,59 @@ llama_state_seq_get_data, found again after a restart.
 
 Layout: <cache_dir>/prefix/<namespace>/ with one `meta.json` naming the model
 and settings, `<hash>.kv` state files and `<hash>.ref` aliases. The namespace
-hashes everything that changes the bytes of a state (model file identity,
-context per sequence, sequence count, KV type and layout, rope, llama.cpp
-version), so another model or setting can never match. Inside it, a hash
-chain over 256-token blocks names each prefix: a state of n tokens is stored
-under the hash of its last whole block, with small `.ref` aliases at its
-earlier block boundaries, so the longest stored prefix of a prompt is found
-by walking the prompt's chain from the longest end, a few stat() calls.
+hashes everything that changes the bytes of a state, so another model or
+setting can never match. Inside it, a hash chain over 256-token blocks names
+each prefix: a state of n tokens is stored under the hash of its last whole
+block, with `.ref` aliases (that hex name, nothing else) at its earlier block
+boundaries, so the longest stored prefix of a prompt is found by walking the
+prompt's chain from the longest end, a few stat() calls.
 
-Files are written by one background thread, to a temp file then renamed, so
-readers (this process or another server on the same directory) see a whole
-file or none. Each file carries a CRC32 over header and payload; anything
-torn, truncated, corrupt or foreign is deleted and the request prefills
-cold. Errors writing (read-only or full disk) are logged once and dropped."""
+A state file (format 2) is `_HEAD` (magic, format, header length, payload
+length, payload CRC32), a CRC32 over `_HEAD` and the header, the JSON header,
+then the payload. The header's CRC is checked before its JSON is parsed; the
+payload's when it is loaded. Format 1 files count as foreign.
+
+The folders are owner-only (0700). Only regular files and real directories
+owned by this user are read or deleted: symlinks are never followed, other
+users' files are left alone. One background thread writes through
+llmctl.files.atomic_write (fsync, then rename), so readers (this process or
+another server on the same directory) see a whole file or none. Anything
+torn, corrupt or foreign is deleted and the request prefills cold. Errors
+writing (read-only or full disk) are logged once and dropped."""
 
 from __future__ import annotations
 
 import array
+import contextlib
+import errno
 import hashlib
 import json
 import logging
 import os
 import queue
+import re
+import stat
 import struct
 import threading
 import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
+from llmctl.files import atomic_write, clean_stale_tmp
 from llmctl.runtime.scheduler import usable_prefix
 
 log = logging.getLogger("llmctl.prefix_cache")
 
 BLOCK = 256
 MAGIC = b"LLMCTLKV"
-VERSION = 1
-_HEAD = struct.Struct("<8sIIIQ")      # magic, version, header length, crc32, payload length
-_STALE_TMP_S = 3600
+VERSION = 2
+_HEAD = struct.Struct("<8sIIQI")    # magic, format, header length, payload length, payload crc32
+_CRC = struct.Struct("<I")          # crc32 over _HEAD and the header
+_MAX_HEADER = 64 << 20
+_HEX_NAME = re.compile(r"[0-9a-f]{32}")
+_CLOSE_TIMEOUT_S = 600              # a state is written in well under a second; a hung disk is not
 
 
 def namespace(identity: dict) -> str:
@@ -62,6 +77,7 @@ def block_chain(ns: str, tokens: list[int], n_blocks: int) -> list[str]:
 class Hit:
     path: Path
     n: int                  # prompt tokens the stored state can give
+    crc: int                # the header's CRC at lookup: load refuses a file replaced since
 
 
 @dataclass
@@ -71,33 +87,146 @@ class _Job:
     blob: bytes
 
 
+def state_prefix(header: bytes, payload: bytes) -> bytes:
+    """The bytes a state file starts with, before `header` (JSON) and `payload`."""
+    head = _HEAD.pack(MAGIC, VERSION, len(header), len(payload), zlib.crc32(payload))
+    return head + _CRC.pack(zlib.crc32(header, zlib.crc32(head)))
+
+
+# ---- files of ours only ---------------------------------------------------------
+
+def _own(path: Path, follow: bool = False, kind=stat.S_ISREG) -> os.stat_result | None:
+    """`path`'s stat when it is of `kind` and owned by this user; a symlink
+    is looked at itself unless `follow`."""
+    with contextlib.suppress(OSError):
+        st = os.stat(path) if follow else os.lstat(path)
+        if st.st_uid == os.getuid() and kind(st.st_mode):
+            return st
+    return None
+
+
+def _ensure_dir(path: Path, follow: bool = False) -> None:
+    """Create `path` owner-only, or check the one there is a directory of
+    ours and tighten its mode. Raises OSError when it cannot be used."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = _own(path, follow, stat.S_ISDIR)
+    if st is None:
+        raise PermissionError(errno.EPERM, "not a directory owned by this user", str(path))
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)   # prompts can be read back out of a state
+
+
+def _open_own(path: Path) -> tuple[BinaryIO, int] | None:
+    """(open file, size) for a regular file of ours, opened without
+    following a symlink or blocking on a FIFO; None when it is missing, a
+    symlink, someone else's or not a regular file. Raises other OSErrors."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            return None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb"), st.st_size
+
+
+def _remove_own(path: Path, why: str = "", symlinks: bool = False) -> None:
+    """Delete `path` when it is a regular file of ours (or, with `symlinks`,
+    a symlink of ours: the link, never its target)."""
+    if why:
+        log.debug("prefix cache: dropping %s: %s", path.name, why)
+    if _own(path, kind=lambda m: stat.S_ISREG(m) or symlinks and stat.S_ISLNK(m)):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _foreign(path: Path) -> bool:
+    """Whether something other than a regular file of ours is at `path`:
+    a write must not replace it."""
+    return os.path.lexists(path) and _own(path) is None
+
+
+def _namespaces(root: Path) -> list[Path]:
+    """Namespace folders under `root` that are real directories of ours."""
+    if _own(root, True, stat.S_ISDIR) is None:
+        return []
+    with contextlib.suppress(OSError):
+        return sorted(Path(e.path) for e in os.scandir(root)
+                      if _own(Path(e.path), kind=stat.S_ISDIR))
+    return []
+
+
+def _own_files(d: Path, suffix: str) -> list[tuple[Path, os.stat_result]]:
+    """(path, stat) of the regular files of ours in `d` named `*suffix`."""
+    with contextlib.suppress(OSError):
+        found = ((Path(e.path), _own(Path(e.path))) for e in os.scandir(d)
+                 if e.name.endswith(suffix))
+        return [(path, st) for path, st in found if st is not None]
+    return []
+
+
+def _read_state(path: Path, payload: bool = False) -> tuple[bytes, int, int, bytes] | None:
+    """(raw header, header CRC, payload length, payload or b"" unless asked)
+    of a state file of ours, each part read checked against its CRC; None
+    when no regular file of ours is there. Raises ValueError when it is not a
+    whole state file of this format, OSError when it cannot be read."""
+    opened = _open_own(path)
+    if opened is None:
+        return None
+    with opened[0] as f:
+        fixed = f.read(_HEAD.size + _CRC.size)
+        if len(fixed) != _HEAD.size + _CRC.size:
+            raise ValueError("shorter than a header")
+        magic, version, hlen, plen, pcrc = _HEAD.unpack_from(fixed)
+        if magic != MAGIC or version != VERSION:
+            raise ValueError("not a state file of this format")
+        if hlen > _MAX_HEADER or opened[1] != len(fixed) + hlen + plen:
+            raise ValueError("truncated or padded")
+        raw = f.read(hlen)
+        (crc,) = _CRC.unpack_from(fixed, _HEAD.size)
+        if len(raw) != hlen or zlib.crc32(raw, zlib.crc32(fixed[:_HEAD.size])) != crc:
+            raise ValueError("header checksum mismatch")
+        data = f.read(plen) if payload else b""
+    if payload and (len(data) != plen or zlib.crc32(data) != pcrc):
+        raise ValueError("payload checksum mismatch")
+    return raw, crc, plen, data
+
+
+def _decode_header(raw: bytes) -> dict:
+    """The header's fields, type-checked. Raises ValueError otherwise."""
+    try:
+        header = json.loads(raw)
+    except RecursionError as e:
+        raise ValueError("header nested too deeply") from e
+    if not (isinstance(header, dict) and isinstance(header.get("ns"), str)
+            and type(header.get("n_tokens")) is int
+            and isinstance(header.get("tokens"), list)
+            and all(type(t) is int for t in header["tokens"])
+            and isinstance(header.get("chain"), list)
+            and all(isinstance(h, str) for h in header["chain"])):
+        raise ValueError("header fields missing or of the wrong type")
+    return header
+
+
 def read_header(path: Path) -> tuple[dict, int, int] | None:
     """(header, header length, payload length), or None when the file is not
-    a whole llmctl state file."""
-    with open(path, "rb") as f:
-        head = f.read(_HEAD.size)
-        if len(head) != _HEAD.size:
-            return None
-        magic, version, hlen, _crc, plen = _HEAD.unpack(head)
-        if magic != MAGIC or version != VERSION or hlen > 64 << 20:
-            return None
-        try:
-            header = json.loads(f.read(hlen))
-        except ValueError:
-            return None
-    if not isinstance(header, dict) or os.path.getsize(path) != _HEAD.size + hlen + plen:
-        return None
-    return header, hlen, plen
-
-
-def _unlink(path: Path) -> None:
+    a whole state file of ours. Raises OSError when it cannot be read."""
     try:
-        path.unlink()
-    except OSError:
-        pass
+        state = _read_state(path)
+        return None if state is None else (_decode_header(state[0]), len(state[0]), state[2])
+    except ValueError:
+        return None
 
 
 class DiskStore:
+    """One model and setting's states under `root`, within a byte budget
+    shared by every namespace there."""
+
     def __init__(self, root: Path, identity: dict, budget_bytes: int, max_pending: int = 4):
         self.root = root
         self.identity = identity
@@ -106,12 +235,18 @@ class DiskStore:
         self.budget = budget_bytes
         self._jobs: queue.Queue = queue.Queue(maxsize=max_pending)
         self._warned = False
+        self._closed = False
+        self._closing = threading.Lock()
         self._thread = threading.Thread(target=self._writer, name="llmctl-kv-writer", daemon=True)
         self._thread.start()
 
     # ---- lookups (engine thread) -----------------------------------------------
 
     def lookup(self, prompt: list[int]) -> Hit | None:
+        """The longest stored prefix of `prompt`, or None. Never raises for
+        a bad file: it is deleted (when it is ours) and the walk goes on."""
+        if _own(self.dir, kind=stat.S_ISDIR) is None:
+            return None
         chain = block_chain(self.ns, prompt, len(prompt) // BLOCK)
         for k in range(len(chain), 0, -1):
             path = self._resolve(chain[k - 1])
@@ -124,80 +259,102 @@ class DiskStore:
 
     def _resolve(self, h: str) -> Path | None:
         kv = self.dir / f"{h}.kv"
-        if kv.exists():
+        if os.path.lexists(kv):
             return kv
         ref = self.dir / f"{h}.ref"
         try:
-            target = self.dir / (ref.read_text().strip() + ".kv")
+            opened = _open_own(ref)
+            if opened is None:
+                return None
+            with opened[0] as f:
+                name = f.read(64).decode("ascii", "replace").strip()
         except OSError:
             return None
-        if target.exists():
+        if not _HEX_NAME.fullmatch(name):
+            _remove_own(ref, "alias to something other than a state name")
+            return None
+        target = self.dir / f"{name}.kv"
+        if os.path.lexists(target):
             return target
-        _unlink(ref)            # its state was evicted
+        _remove_own(ref)        # its state was evicted
         return None
 
     def _check(self, path: Path, h: str, prompt: list[int], k: int) -> Hit | None:
         try:
-            parsed = read_header(path)
+            state = _read_state(path)
+            if state is None:
+                return None     # gone (another server evicted it), or not ours to judge
+            header = _decode_header(state[0])
         except OSError:
-            return None         # vanished under us: another server evicted it
-        if parsed is None or parsed[0].get("ns") != self.ns:
-            log.warning("prefix cache: dropping unreadable or foreign file %s", path.name)
-            _unlink(path)
             return None
-        header = parsed[0]
-        chain = header.get("chain") or []
-        if h not in chain:
+        except ValueError as e:
+            _remove_own(path, str(e))
             return None
-        n = usable_prefix(header.get("tokens") or [], prompt)
-        return Hit(path, n) if n >= k * BLOCK or n == len(prompt) - 1 else None
+        if header["ns"] != self.ns:
+            _remove_own(path, "from another model or setting")
+            return None
+        if h not in header["chain"]:
+            return None
+        n = usable_prefix(header["tokens"], prompt)
+        return Hit(path, n, state[1]) if n >= k * BLOCK or n == len(prompt) - 1 else None
 
     def load(self, hit: Hit) -> bytes | None:
-        """The state's bytes, checked; a bad file is deleted."""
+        """The state's bytes, both checksums checked; None when the file is
+        gone, bad (then deleted) or replaced since the lookup. Never raises."""
         try:
-            data = hit.path.read_bytes()
+            state = _read_state(hit.path, payload=True)
         except OSError:
             return None
-        magic, version, hlen, crc, plen = _HEAD.unpack_from(data) if len(data) >= _HEAD.size \
-            else (b"", 0, 0, 0, 0)
-        body = memoryview(data)[_HEAD.size:]
-        if magic != MAGIC or len(body) != hlen + plen or zlib.crc32(body) != crc:
-            log.warning("prefix cache: dropping corrupt file %s", hit.path.name)
-            _unlink(hit.path)
+        except ValueError as e:
+            _remove_own(hit.path, str(e))
             return None
-        try:
+        if state is None or state[1] != hit.crc:
+            return None         # gone, or another server rewrote it: the hit's n may not hold
+        with contextlib.suppress(OSError):
             os.utime(hit.path)  # least recently used goes first
-        except OSError:
-            pass
-        return bytes(body[hlen:])
+        return state[3]
 
     def discard(self, hit: Hit) -> None:
         log.warning("prefix cache: llama.cpp rejected %s; dropping it", hit.path.name)
-        _unlink(hit.path)
+        _remove_own(hit.path)
 
     def has(self, tokens: list[int]) -> bool:
         k = len(tokens) // BLOCK
-        return k > 0 and (self.dir / f"{block_chain(self.ns, tokens, k)[-1]}.kv").exists()
+        return k > 0 and os.path.lexists(self.dir / f"{block_chain(self.ns, tokens, k)[-1]}.kv")
 
     # ---- saving (writer thread) -------------------------------------------------
 
     def save(self, tokens: list[int], blob: bytes) -> bool:
-        """Queue a state for writing; drops it rather than ever blocking."""
+        """Queue a state for writing; drops it rather than ever blocking, and
+        after close()."""
         k = len(tokens) // BLOCK
         if k == 0 or not blob:
             return False
-        try:
-            self._jobs.put_nowait(_Job(list(tokens), block_chain(self.ns, tokens, k), blob))
-            return True
-        except queue.Full:
-            return False
+        with self._closing:     # a job queued behind close()'s stop mark would be lost
+            if self._closed:
+                return False
+            try:
+                self._jobs.put_nowait(_Job(list(tokens), block_chain(self.ns, tokens, k), blob))
+                return True
+            except queue.Full:
+                return False
 
     def flush(self) -> None:
         self._jobs.join()
 
-    def close(self) -> None:
-        self._jobs.put(None)
-        self._thread.join(timeout=60)
+    def close(self, timeout: float = _CLOSE_TIMEOUT_S) -> None:
+        """Write everything queued, then stop the writer; gives up after
+        `timeout` seconds so a hung disk cannot hang shutdown. Idempotent."""
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
+        deadline = time.monotonic() + timeout
+        with contextlib.suppress(queue.Full):
+            self._jobs.put(None, timeout=timeout)
+        self._thread.join(max(deadline - time.monotonic(), 0))
+        if self._thread.is_alive():
+            log.warning("prefix cache: gave up waiting for queued writes to %s", self.dir)
 
     def _writer(self) -> None:
         while True:
@@ -218,77 +375,65 @@ class DiskStore:
                 self._jobs.task_done()
 
     def _write(self, job: _Job) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        _ensure_dir(self.root, follow=True)     # the user may have linked it elsewhere
+        _ensure_dir(self.dir)
         meta = self.dir / "meta.json"
-        if not meta.exists():
+        if not os.path.lexists(meta):
             _atomic_write(meta, json.dumps(self.identity, indent=1).encode())
         name = job.chain[-1]
+        path = self.dir / f"{name}.kv"
         header = json.dumps({"ns": self.ns, "n_tokens": len(job.tokens), "tokens": job.tokens,
                              "chain": job.chain, "created": time.time()}).encode()
-        if _HEAD.size + len(header) + len(job.blob) > self.budget:
+        if _HEAD.size + _CRC.size + len(header) + len(job.blob) > self.budget or _foreign(path):
             return
-        crc = zlib.crc32(job.blob, zlib.crc32(header))
-        _atomic_write(self.dir / f"{name}.kv",
-                      _HEAD.pack(MAGIC, VERSION, len(header), crc, len(job.blob)), header, job.blob)
+        _atomic_write(path, state_prefix(header, job.blob), header, job.blob)
         for h in job.chain[:-1]:
-            if self._resolve(h) is None:
-                _atomic_write(self.dir / f"{h}.ref", name.encode())
+            ref = self.dir / f"{h}.ref"
+            if self._resolve(h) is None and not _foreign(ref):
+                _atomic_write(ref, name.encode())
 
     def _evict(self) -> None:
         """Delete least recently used states, across all models, until the
         whole cache fits the budget."""
         files = []
-        now = time.time()
-        for path in self.root.glob("*/*"):
-            try:
-                st = path.stat()
-            except OSError:
-                continue
-            if path.suffix == ".tmp" and now - st.st_mtime > _STALE_TMP_S:
-                _unlink(path)   # left by a crashed writer
-            elif path.suffix == ".kv":
-                files.append((st.st_mtime, st.st_size, path))
+        for d in _namespaces(self.root):
+            clean_stale_tmp(d)      # left by crashed writers
+            files += [(st.st_mtime, st.st_size, path) for path, st in _own_files(d, ".kv")]
         total = sum(size for _, size, _ in files)
         for _, size, path in sorted(files):
             if total <= self.budget:
                 break
-            _unlink(path)
+            _remove_own(path)
             total -= size
 
 
 def _atomic_write(path: Path, *parts: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            for part in parts:
-                f.write(part)
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink(tmp)
-        raise
+    # The one place the store writes a file (tests make it fail here).
+    atomic_write(path, parts)
 
 
 # ---- inspection (llmctl cache) --------------------------------------------------
 
 def list_entries(root: Path) -> list[dict]:
-    """One row per model namespace: its model, settings, entries and size."""
+    """One row per model namespace of ours: its model, settings, entries
+    and size. Symlinked folders and other users' files are not counted."""
     rows = []
-    for d in sorted(p for p in root.glob("*") if p.is_dir()):
-        try:
-            meta = json.loads((d / "meta.json").read_text())
-        except (OSError, ValueError):
-            meta = {}
+    for d in _namespaces(root):
+        meta: object = {}
+        with contextlib.suppress(OSError, ValueError, RecursionError):
+            opened = _open_own(d / "meta.json")
+            if opened is not None:
+                with opened[0] as f:
+                    meta = json.loads(f.read(1 << 20))
+        meta = meta if isinstance(meta, dict) else {}
         entries, tokens, size = 0, 0, 0
-        for path in d.glob("*.kv"):
-            try:
+        for path, st in _own_files(d, ".kv"):
+            with contextlib.suppress(OSError):
                 parsed = read_header(path)
-                size += path.stat().st_size
-            except OSError:
-                continue
-            entries += 1
-            tokens += parsed[0].get("n_tokens", 0) if parsed else 0
-        rows.append({"namespace": d.name, "model": meta.get("model", "?"),
-                     "sha256": meta.get("sha256", ""), "n_ctx_seq": meta.get("n_ctx_seq"),
+                entries, size = entries + 1, size + st.st_size
+                tokens += parsed[0]["n_tokens"] if parsed else 0
+        rows.append({"namespace": d.name, "model": str(meta.get("model", "?")),
+                     "sha256": str(meta.get("sha256", "")), "n_ctx_seq": meta.get("n_ctx_seq"),
                      "n_seq_max": meta.get("n_seq_max"), "entries": entries,
                      "tokens": tokens, "bytes": size, "path": str(d)})
     return rows
@@ -296,18 +441,19 @@ def list_entries(root: Path) -> list[dict]:
 
 def clear(root: Path, model: str | None = None) -> list[dict]:
     """Delete every namespace (or those of one model, by name or sha256
-    prefix) and return what was removed."""
+    prefix) and return what was removed. Never follows a symlink: a
+    symlinked entry is unlinked, its target left alone; other users' files
+    stay."""
     removed = []
     for row in list_entries(root):
         if model and model != row["model"] and not (
                 len(model) >= 8 and row["sha256"].startswith(model)):
             continue
         d = Path(row["path"])
-        for path in d.glob("*"):
-            _unlink(path)
-        try:
-            d.rmdir()
-        except OSError:
-            pass            # a server wrote a new file meanwhile; it stays valid
+        with contextlib.suppress(OSError):
+            for name in os.listdir(d):
+                _remove_own(d / name, symlinks=True)
+        with contextlib.suppress(OSError):
+            d.rmdir()       # fails when a server wrote a new file meanwhile; it stays valid
         removed.append(row)
     return removed
