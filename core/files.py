@@ -9,15 +9,17 @@ live one's work in progress."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
 import re
 import secrets
 import shutil
+import stat
 import time
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 from llmctl.errors import DiskSpaceError, PathEscape
 
@@ -173,3 +175,58 @@ def file_lock(path: Path):
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
+
+# ---- files of ours only: shared folders (caches) hold nothing else we trust ----
+
+def owned_stat(path: Path, follow: bool = False, kind=stat.S_ISREG) -> os.stat_result | None:
+    """`path`'s stat when it is of `kind` and owned by this user; a symlink
+    is looked at itself unless `follow`."""
+    with contextlib.suppress(OSError):
+        st = os.stat(path) if follow else os.lstat(path)
+        if st.st_uid == os.getuid() and kind(st.st_mode):
+            return st
+    return None
+
+
+def ensure_private_dir(path: Path, follow: bool = False) -> None:
+    """Create `path` owner-only, or check the one there is a directory of
+    ours and tighten its mode. Raises OSError when it cannot be used."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    st = owned_stat(path, follow, stat.S_ISDIR)
+    if st is None:
+        raise PermissionError(errno.EPERM, "not a directory owned by this user", str(path))
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)   # prompts can be read back out of a state
+
+
+def open_owned(path: Path) -> tuple[BinaryIO, int] | None:
+    """(open file, size) for a regular file of ours, opened without
+    following a symlink or blocking on a FIFO; None when it is missing, a
+    symlink, someone else's or not a regular file. Raises other OSErrors."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            return None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb"), st.st_size
+
+
+def remove_owned(path: Path, symlinks: bool = False) -> None:
+    """Delete `path` when it is a regular file of ours (or, with `symlinks`,
+    a symlink of ours: the link, never its target). Never raises."""
+    if owned_stat(path, kind=lambda m: stat.S_ISREG(m) or symlinks and stat.S_ISLNK(m)):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def is_foreign(path: Path) -> bool:
+    """Whether something other than a regular file of ours is at `path`:
+    a write must not replace it."""
+    return os.path.lexists(path) and owned_stat(path) is None

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import array
 import contextlib
-import errno
 import hashlib
 import json
 import logging
@@ -41,9 +40,16 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
-from llmctl.files import atomic_write, clean_stale_tmp
+from llmctl.files import (
+    atomic_write,
+    clean_stale_tmp,
+    ensure_private_dir,
+    is_foreign,
+    open_owned,
+    owned_stat,
+    remove_owned,
+)
 from llmctl.runtime.scheduler import usable_prefix
 
 log = logging.getLogger("llmctl.prefix_cache")
@@ -93,78 +99,26 @@ def state_prefix(header: bytes, payload: bytes) -> bytes:
     return head + _CRC.pack(zlib.crc32(header, zlib.crc32(head)))
 
 
-# ---- files of ours only ---------------------------------------------------------
-
-def _own(path: Path, follow: bool = False, kind=stat.S_ISREG) -> os.stat_result | None:
-    """`path`'s stat when it is of `kind` and owned by this user; a symlink
-    is looked at itself unless `follow`."""
-    with contextlib.suppress(OSError):
-        st = os.stat(path) if follow else os.lstat(path)
-        if st.st_uid == os.getuid() and kind(st.st_mode):
-            return st
-    return None
-
-
-def _ensure_dir(path: Path, follow: bool = False) -> None:
-    """Create `path` owner-only, or check the one there is a directory of
-    ours and tighten its mode. Raises OSError when it cannot be used."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    st = _own(path, follow, stat.S_ISDIR)
-    if st is None:
-        raise PermissionError(errno.EPERM, "not a directory owned by this user", str(path))
-    if st.st_mode & 0o077:
-        os.chmod(path, 0o700)   # prompts can be read back out of a state
-
-
-def _open_own(path: Path) -> tuple[BinaryIO, int] | None:
-    """(open file, size) for a regular file of ours, opened without
-    following a symlink or blocking on a FIFO; None when it is missing, a
-    symlink, someone else's or not a regular file. Raises other OSErrors."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as e:
-        if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-            return None
-        raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
-        os.close(fd)
-        return None
-    return os.fdopen(fd, "rb"), st.st_size
-
-
 def _remove_own(path: Path, why: str = "", symlinks: bool = False) -> None:
-    """Delete `path` when it is a regular file of ours (or, with `symlinks`,
-    a symlink of ours: the link, never its target)."""
     if why:
         log.debug("prefix cache: dropping %s: %s", path.name, why)
-    if _own(path, kind=lambda m: stat.S_ISREG(m) or symlinks and stat.S_ISLNK(m)):
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-
-
-def _foreign(path: Path) -> bool:
-    """Whether something other than a regular file of ours is at `path`:
-    a write must not replace it."""
-    return os.path.lexists(path) and _own(path) is None
+    remove_owned(path, symlinks)
 
 
 def _namespaces(root: Path) -> list[Path]:
     """Namespace folders under `root` that are real directories of ours."""
-    if _own(root, True, stat.S_ISDIR) is None:
+    if owned_stat(root, True, stat.S_ISDIR) is None:
         return []
     with contextlib.suppress(OSError):
         return sorted(Path(e.path) for e in os.scandir(root)
-                      if _own(Path(e.path), kind=stat.S_ISDIR))
+                      if owned_stat(Path(e.path), kind=stat.S_ISDIR))
     return []
 
 
 def _own_files(d: Path, suffix: str) -> list[tuple[Path, os.stat_result]]:
     """(path, stat) of the regular files of ours in `d` named `*suffix`."""
     with contextlib.suppress(OSError):
-        found = ((Path(e.path), _own(Path(e.path))) for e in os.scandir(d)
+        found = ((Path(e.path), owned_stat(Path(e.path))) for e in os.scandir(d)
                  if e.name.endswith(suffix))
         return [(path, st) for path, st in found if st is not None]
     return []
@@ -175,7 +129,7 @@ def _read_state(path: Path, payload: bool = False) -> tuple[bytes, int, int, byt
     of a state file of ours, each part read checked against its CRC; None
     when no regular file of ours is there. Raises ValueError when it is not a
     whole state file of this format, OSError when it cannot be read."""
-    opened = _open_own(path)
+    opened = open_owned(path)
     if opened is None:
         return None
     with opened[0] as f:
@@ -245,7 +199,7 @@ class DiskStore:
     def lookup(self, prompt: list[int]) -> Hit | None:
         """The longest stored prefix of `prompt`, or None. Never raises for
         a bad file: it is deleted (when it is ours) and the walk goes on."""
-        if _own(self.dir, kind=stat.S_ISDIR) is None:
+        if owned_stat(self.dir, kind=stat.S_ISDIR) is None:
             return None
         chain = block_chain(self.ns, prompt, len(prompt) // BLOCK)
         for k in range(len(chain), 0, -1):
@@ -263,7 +217,7 @@ class DiskStore:
             return kv
         ref = self.dir / f"{h}.ref"
         try:
-            opened = _open_own(ref)
+            opened = open_owned(ref)
             if opened is None:
                 return None
             with opened[0] as f:
@@ -375,8 +329,8 @@ class DiskStore:
                 self._jobs.task_done()
 
     def _write(self, job: _Job) -> None:
-        _ensure_dir(self.root, follow=True)     # the user may have linked it elsewhere
-        _ensure_dir(self.dir)
+        ensure_private_dir(self.root, follow=True)     # the user may have linked it elsewhere
+        ensure_private_dir(self.dir)
         meta = self.dir / "meta.json"
         if not os.path.lexists(meta):
             _atomic_write(meta, json.dumps(self.identity, indent=1).encode())
@@ -384,12 +338,12 @@ class DiskStore:
         path = self.dir / f"{name}.kv"
         header = json.dumps({"ns": self.ns, "n_tokens": len(job.tokens), "tokens": job.tokens,
                              "chain": job.chain, "created": time.time()}).encode()
-        if _HEAD.size + _CRC.size + len(header) + len(job.blob) > self.budget or _foreign(path):
+        if _HEAD.size + _CRC.size + len(header) + len(job.blob) > self.budget or is_foreign(path):
             return
         _atomic_write(path, state_prefix(header, job.blob), header, job.blob)
         for h in job.chain[:-1]:
             ref = self.dir / f"{h}.ref"
-            if self._resolve(h) is None and not _foreign(ref):
+            if self._resolve(h) is None and not is_foreign(ref):
                 _atomic_write(ref, name.encode())
 
     def _evict(self) -> None:
@@ -421,7 +375,7 @@ def list_entries(root: Path) -> list[dict]:
     for d in _namespaces(root):
         meta: object = {}
         with contextlib.suppress(OSError, ValueError, RecursionError):
-            opened = _open_own(d / "meta.json")
+            opened = open_owned(d / "meta.json")
             if opened is not None:
                 with opened[0] as f:
                     meta = json.loads(f.read(1 << 20))
