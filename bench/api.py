@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from llmctl import __version__
-from llmctl.bench import plot as plotting, report
+from llmctl.bench import plot as plotting
+from llmctl.bench import report
 from llmctl.bench.client import auth_headers, discover_model, normalize_url, probe_features
 from llmctl.bench.launcher import Server
 from llmctl.bench.stats import best_under_slo

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from llmctl.errors import AuthError, LlmctlError, ServerUnreachable, UsageError
+from llmctl.errors import AuthError, ServerUnreachable, UsageError
 
 
 @dataclass

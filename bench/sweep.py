@@ -7,8 +7,7 @@ import asyncio
 from dataclasses import asdict
 
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                           TimeElapsedColumn)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from llmctl.bench.client import RequestResult, Target, run_level
 from llmctl.bench.prompts import build_prompts

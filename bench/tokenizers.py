@@ -14,6 +14,7 @@ from typing import Protocol
 
 import httpx
 
+
 class Tokenizer(Protocol):
     kind: str   # "gguf", "server" or "approx"; recorded in the JSON
     bos: int    # how many special tokens `encode` puts in front

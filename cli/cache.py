@@ -10,8 +10,7 @@ from typing_extensions import Annotated
 
 from llmctl import config
 from llmctl.cli import options as o
-from llmctl.cli.common import handle_errors, out, print_json
-from llmctl.cli.common import human_bytes
+from llmctl.cli.common import handle_errors, human_bytes, out, print_json
 from llmctl.runtime import kv_disk
 
 

@@ -10,8 +10,12 @@ import os
 from dataclasses import dataclass
 
 from huggingface_hub import HfApi, constants, get_hf_file_metadata, hf_hub_url
-from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RepositoryNotFoundError,
-                                    RevisionNotFoundError)
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
 
 from llmctl.errors import HubError
 from llmctl.hub.choose import RemoteFile

@@ -13,11 +13,11 @@ from typing import Callable
 from llmctl import config
 from llmctl.errors import UsageError
 from llmctl.files import clean_stale_tmp, require_space, staged, tmp_path
-from llmctl.store.gguf_header import read_header
 from llmctl.quantize.llama_quant import llama_quantize
 from llmctl.quantize.source import SourceModel, resolve_source
 from llmctl.quantize.space import estimate_bytes
 from llmctl.quantize.types import FLOAT_TYPES, QuantType, resolve_type
+from llmctl.store.gguf_header import read_header
 from llmctl.store.gguf_info import file_type_name
 
 # progress(phase, done, total): phase is "convert", "quantize" or "check".

@@ -32,7 +32,7 @@ def _store_name(text: str) -> str:
 def _pulled_repo(ref: str) -> Path | None:
     if ref.count("/") != 1 or Path(ref).exists():
         return None
-    from llmctl.hub import local_snapshot     # huggingface_hub is slow to import
+    from llmctl.hub import local_snapshot  # huggingface_hub is slow to import
 
     try:
         return local_snapshot(ref)

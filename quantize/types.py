@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmctl.errors import UsageError
+
 # Every type name the linked llama.cpp can write, with its ftype.
 from llmctl.runtime.backend import file_types as available_types
 

@@ -17,8 +17,7 @@ import random
 import threading
 from typing import Any, Callable
 
-from llmctl.errors import (ContextOverflow, DecodeError, EngineFailed, InvalidParams,
-                           LlmctlError)
+from llmctl.errors import ContextOverflow, DecodeError, EngineFailed, InvalidParams, LlmctlError
 from llmctl.runtime.backend import ContextConfig, LlamaContext, LlamaModel, Sampler
 from llmctl.runtime.config import EngineShape, LoadOptions
 from llmctl.runtime.detok import StopMatcher, Utf8Stream
@@ -127,7 +126,8 @@ class Engine:
         except BaseException as e:   # a bug in shared state: stop serving, say why
             self.failure = f"{type(e).__name__}: {e}"
             log.exception("engine thread died")
-            self._end_all(lambda seq: self._fail(seq, e))
+            error = e
+            self._end_all(lambda seq: self._fail(seq, error))
 
     def _step(self) -> None:
         for seq in self.scheduler.take_cancelled():

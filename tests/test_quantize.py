@@ -15,9 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from quantize_helpers import SPM_WORDS, export_hf_dir, make_f16_gguf, make_tiny_hf  # noqa: E402
-
 from llmctl.cli.app import app  # noqa: E402
+from quantize_helpers import SPM_WORDS, export_hf_dir, make_f16_gguf, make_tiny_hf  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 LLMCTL = str(Path(sys.executable).with_name("llmctl"))
@@ -133,8 +132,8 @@ def test_converted_model_generates_and_tokenizes_like_source(q4_from_repo, f16_g
 def test_q4_k_m_types_registration_and_library_parity(q4_from_repo, work):
     import llama_cpp
 
-    from llmctl.store.gguf_header import read_header
     from llmctl.store import StoreIndex
+    from llmctl.store.gguf_header import read_header
 
     path = Path(q4_from_repo["path"])
     header = read_header(path)
@@ -325,9 +324,8 @@ def test_tiny_architectures_convert_load_and_tokenize(tmp_path, arch, tokenizer,
 
 
 def test_spm_parser_reads_types_scores_and_prefix_flag(tmp_path):
-    from quantize_helpers import write_sentencepiece
-
     from llmctl.quantize.hf_tokenizer import read_sentencepiece
+    from quantize_helpers import write_sentencepiece
 
     names = write_sentencepiece(tmp_path / "tokenizer.model")
     pieces, scores, types, add_prefix = read_sentencepiece(tmp_path / "tokenizer.model")
