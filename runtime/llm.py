@@ -93,9 +93,11 @@ class LLM:
 
     # ---- prompts ----------------------------------------------------------------
 
-    def chat_tokens(self, messages: list[dict]) -> list[int]:
-        text = self.template.render(normalize_messages(messages))
-        return self.text_tokens(text)
+    def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """Tokens of a conversation rendered by the model's chat template,
+        with `tools` offered to it. Raises InvalidParams for malformed
+        messages or tools, or tools the template can't render."""
+        return self.text_tokens(self.template.render(normalize_messages(messages), tools))
 
     def text_tokens(self, text: str) -> list[int]:
         """Tokens of a prompt text. Raises InvalidParams for a non-string and

@@ -2,18 +2,26 @@
 
 A model file is untrusted input: llama-cpp-python once rendered templates in
 a plain Environment, and a crafted GGUF could run code (CVE-2024-34359).
-The immutable sandbox refuses attribute tricks such as __class__/__globals__."""
+The immutable sandbox refuses attribute tricks such as __class__/__globals__.
+
+Templates get the variables transformers' apply_chat_template gives them
+(messages, tools, add_generation_prompt, bos_token, eos_token), so a model
+sees tools and tool calls laid out as it was trained to read them."""
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import datetime
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from jinja2 import TemplateError as JinjaTemplateError
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from llmctl.errors import InvalidParams, TemplateError
+from llmctl.runtime.tool_calls import ToolFormat, detect_format
+from llmctl.runtime.tool_schema import normalize_tool_calls, normalize_tool_result, validate_tools
 
 # Used when a GGUF carries no template: ChatML is what most small
 # instruction-tuned models (SmolLM2 and Qwen among them) were trained on.
@@ -25,13 +33,26 @@ CHATML = (
 )
 
 
+# A template that never names `tools` cannot show them to the model.
+_USES_TOOLS = re.compile(r"\btools\b")
+
+
 def _raise(message: str) -> None:
     raise TemplateError(f"chat template refused the conversation: {message}")
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    # Jinja's own tojson sorts keys and escapes <, >, & and ' for HTML; chat
+    # templates were written for transformers' filter, which does neither,
+    # so a tool schema reaches the model as the client wrote it.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                      separators=separators, sort_keys=sort_keys)
 
 
 @lru_cache(maxsize=8)
 def _compile(source: str):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
@@ -41,16 +62,39 @@ def _compile(source: str):
 
 
 class ChatTemplate:
+    """A chat template compiled in the sandbox; None means ChatML. Raises
+    TemplateError when the source is not valid Jinja."""
+
     def __init__(self, source: str | None, *, bos_token: str = "", eos_token: str = ""):
         self.source = source or CHATML
         self.bos_token = bos_token
         self.eos_token = eos_token
         self._template = _compile(self.source)
 
-    def render(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+    @cached_property
+    def tool_format(self) -> ToolFormat:
+        """The tool-call syntax this template teaches the model."""
+        return detect_format(self.source)
+
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the template shows a request's tools to the model."""
+        return _USES_TOOLS.search(self.source) is not None
+
+    def render(self, messages: list[dict], tools: list[dict] | None = None, *,
+               add_generation_prompt: bool = True) -> str:
+        """The prompt for `messages` (as normalize_messages returns them) and
+        `tools` (the request's, validated here; None or [] for none).
+        Raises InvalidParams(param="tools") for malformed tools or tools
+        given to a template that does not support them,
+        InvalidParams(param="messages") for tool calls in the history of
+        such a template (they would vanish from the prompt), and
+        TemplateError when the template fails or tries to leave the sandbox."""
+        tools = self._tools(messages, tools)
         try:
             return self._template.render(
                 messages=messages,
+                tools=tools or None,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
@@ -62,17 +106,51 @@ class ChatTemplate:
         except Exception as e:  # any Jinja runtime error in untrusted code
             raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from e
 
+    def _tools(self, messages: list[dict], tools) -> list[dict]:
+        tools = validate_tools(tools)
+        if self.supports_tools:
+            return tools
+        if tools:
+            raise InvalidParams("this model's chat template does not support tools",
+                                param="tools")
+        for i, message in enumerate(messages):
+            if message.get("tool_calls"):
+                raise InvalidParams(f"messages[{i}].tool_calls: this model's chat template "
+                                    "does not support tool calls", param="messages")
+        return tools
+
 
 def normalize_messages(messages) -> list[dict]:
-    """Validate OpenAI-style messages; flatten text content parts to one
-    string. Raises InvalidParams (param="messages") for anything else: no
+    """Validate OpenAI-style messages for a template: text content parts
+    flattened to one string (null content to ""), an assistant message's
+    tool_calls kept with their arguments parsed (normalize_tool_calls), a
+    tool message's tool_call_id and name kept. Raises InvalidParams
+    (param="messages") naming the message and field for anything else: no
     messages, a message that is not an object, a missing or non-string role,
-    content that is not a string, null or list of text parts, and tool
-    calls, which llmctl does not implement."""
+    content that is not a string, null or list of text parts, a malformed
+    tool call or tool result, tool_calls outside an assistant message, and
+    the legacy function_call."""
     if not isinstance(messages, list) or not messages:
         raise InvalidParams("messages must be a non-empty list", param="messages")
-    return [{"role": _role(i, m), "content": _content(i, m.get("content"))}
-            for i, m in enumerate(messages)]
+    return [_message(i, m) for i, m in enumerate(messages)]
+
+
+def _message(i: int, message) -> dict:
+    role = _role(i, message)
+    out = {"role": role, "content": _content(i, message.get("content"))}
+    if message.get("function_call"):
+        raise InvalidParams(f"messages[{i}].function_call is not supported; send tool_calls",
+                            param="messages")
+    if role == "assistant":
+        calls = normalize_tool_calls(i, message.get("tool_calls"))
+        if calls:
+            out["tool_calls"] = calls
+    elif message.get("tool_calls"):
+        raise InvalidParams(f"messages[{i}].tool_calls is only allowed in assistant messages",
+                            param="messages")
+    if role == "tool":
+        out.update(normalize_tool_result(i, message))
+    return out
 
 
 def _role(i: int, message) -> str:
@@ -80,10 +158,6 @@ def _role(i: int, message) -> str:
             or not message["role"]:
         raise InvalidParams(f"messages[{i}] must be an object with a string 'role'",
                             param="messages")
-    for key in ("tool_calls", "function_call"):
-        if message.get(key):
-            raise InvalidParams(f"messages[{i}].{key} is not supported by llmctl yet",
-                                param="messages")
     return message["role"]
 
 

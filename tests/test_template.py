@@ -74,3 +74,10 @@ def test_null_content_and_extra_keys_are_accepted():
     msgs = [{"role": "system", "content": None, "name": "x"}, {"role": "user", "content": []}]
     assert normalize_messages(msgs) == [{"role": "system", "content": ""},
                                         {"role": "user", "content": ""}]
+
+
+def test_tojson_is_transformers_filter_not_jinjas():
+    # Jinja's own filter would sort the keys and write < as \u003c: not the
+    # text the model saw in training.
+    t = ChatTemplate("{{ {'b': \"<é&'>\", 'a': 1} | tojson }}|{{ [1] | tojson(indent=2) }}")
+    assert t.render(MSGS) == '{"b": "<é&\'>", "a": 1}|[\n  1\n]'
