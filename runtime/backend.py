@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Callable, Iterator
 import llama_cpp as lc
 import numpy as np
 
-from llmctl.errors import BadModelFile, DecodeError, LlmctlError
+from llmctl.errors import BadModelFile, DecodeError, InvalidParams, LlmctlError
 from llmctl.runtime.sampling import SamplingParams
 
 _init_lock = threading.Lock()
@@ -162,7 +163,7 @@ class LlamaModel:
         self.add_bos = bool(lc.llama_vocab_get_add_bos(self.vocab))
         self.bos = lc.llama_vocab_bos(self.vocab)
         self.eos = lc.llama_vocab_eos(self.vocab)
-        self._pieces: dict[int, bytes] = {}
+        self._pieces: dict[bool, dict[int, bytes]] = {False: {}, True: {}}
         self.eog_tokens = [t for t in range(self.n_vocab) if lc.llama_vocab_is_eog(self.vocab, t)]
         self._eog = frozenset(self.eog_tokens)
 
@@ -177,16 +178,18 @@ class LlamaModel:
             n = lc.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
         return list(buf[:n])
 
-    def piece(self, token: int) -> bytes:
-        """The bytes of one token; control tokens render as nothing."""
-        cached = self._pieces.get(token)
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes of one token; control tokens render as nothing unless
+        `special` (then as their text, as llama.cpp's grammar sees them)."""
+        cache = self._pieces[special]
+        cached = cache.get(token)
         if cached is None:
             buf = ctypes.create_string_buffer(64)
-            n = lc.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
+            n = lc.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
             if n < 0:
                 buf = ctypes.create_string_buffer(-n)
-                n = lc.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
-            cached = self._pieces[token] = buf.raw[:n]
+                n = lc.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+            cached = cache[token] = buf.raw[:n]
         return cached
 
     def token_text(self, token: int) -> str:
@@ -340,19 +343,158 @@ class LlamaContext:
         self.close()
 
 
+# llama_token_data as numpy lays it out, to fill a candidate array in one copy.
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+_grammar_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _stderr_captured() -> Iterator[Callable[[], str]]:
+    """fd 2 into a temporary file for the duration: llama.cpp's grammar
+    parser fprintf's its reason (and the whole grammar) to stderr, and an
+    untrusted grammar must neither flood a server's log nor lose the reason."""
+    with _grammar_lock, tempfile.TemporaryFile() as tmp:
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lambda: (tmp.seek(0), tmp.read(4096).decode("utf-8", "replace"))[1]
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _new_grammar(model: LlamaModel, text: str):
+    """A llama.cpp grammar sampler for `text` (start rule `root`). Raises
+    InvalidParams (param "response_format") with llama.cpp's reason."""
+    with _stderr_captured() as stderr, capture_log() as log:
+        ptr = lc.llama_sampler_init_grammar(model.vocab, text.encode(), b"root")
+        if ptr:
+            return ptr
+        printed = stderr()
+    # "parse: error parsing grammar: <reason>\n\n<the grammar>"
+    head = printed.split("\n", 1)[0].partition("error parsing grammar: ")[2]
+    reason = head or log.last_error("llama.cpp could not compile it")
+    raise InvalidParams(f"invalid grammar: {reason[:300]}", param="response_format")
+
+
+def validate_grammar(model: LlamaModel, text: str) -> None:
+    """Compile `text` once and drop it: a cheap check before submitting.
+    Raises InvalidParams (param "response_format") for a grammar llama.cpp
+    refuses (syntax, undefined rule, no `root`, left recursion)."""
+    lc.llama_sampler_free(_new_grammar(model, text))
+
+
+def validate_sampling(model: LlamaModel, params: SamplingParams) -> None:
+    """Everything about `params` that needs the model: logit_bias token ids
+    and the grammar. Raises InvalidParams."""
+    _check_bias_ids(model, params)
+    if params.grammar is not None:
+        validate_grammar(model, params.grammar)
+
+
+def _check_bias_ids(model: LlamaModel, params: SamplingParams) -> None:
+    # An id past the vocabulary would index past llama.cpp's candidate array.
+    bad = [t for t, _ in params.logit_bias if t >= model.n_vocab]
+    if bad:
+        raise InvalidParams(f"logit_bias token ids {bad[:5]} are outside the vocabulary "
+                            f"(0..{model.n_vocab - 1})", param="logit_bias")
+
+
+class _Grammar:
+    """A grammar sampler kept outside the chain, and laziness done here
+    rather than by llama.cpp's lazy grammar: llama.cpp feeds the trigger's
+    text to the grammar inside llama_sampler_accept, and text that does not
+    fit throws a C++ exception through the C API, which aborts the process.
+    Here every token is checked with `allows` before it is accepted."""
+
+    def __init__(self, model: LlamaModel, text: str, triggers: tuple[str, ...]):
+        self.model = model
+        self.ptr = _new_grammar(model, text)
+        self.triggers = [t.encode() for t in triggers]
+        self.active = not triggers
+        self._pending = b""     # recent output while waiting for a trigger
+        self._one = lc.llama_token_data()
+        self._one_arr = lc.llama_token_data_array(ctypes.pointer(self._one), 1, -1, False)
+
+    def allows(self, token: int) -> bool:
+        self._one.id, self._one.logit, self._one.p = token, 1.0, 0.0
+        self._one_arr.size, self._one_arr.selected = 1, -1
+        lc.llama_sampler_apply(self.ptr, ctypes.byref(self._one_arr))
+        return self._one.logit != float("-inf")
+
+    def apply(self, cur) -> None:
+        lc.llama_sampler_apply(self.ptr, ctypes.byref(cur))
+
+    def accept(self, token: int) -> None:
+        """Advance past `token`. Raises LlmctlError where the grammar does
+        not allow it (llama.cpp itself would abort)."""
+        if not self.allows(token):
+            raise LlmctlError("the output no longer matches the grammar "
+                              f"at {self.model.piece(token, True)!r}")
+        lc.llama_sampler_accept(self.ptr, token)
+
+    def watch(self, token: int) -> None:
+        """While lazy: look for a trigger in the output; once one appears, the
+        grammar takes the text from it on. Raises LlmctlError when that text
+        already breaks the grammar."""
+        self._pending += self.model.piece(token, special=True)
+        hits = [i for i in (self._pending.find(t) for t in self.triggers) if i >= 0]
+        if not hits:
+            keep = max(map(len, self.triggers)) - 1
+            self._pending = self._pending[-keep:] if keep else b""
+            return
+        try:
+            text = self._pending[min(hits):].decode()
+        except UnicodeDecodeError:
+            return      # a character is split across tokens: wait for its end
+        self.active = True
+        self._pending = b""
+        for t in self.model.tokenize(text, add_special=False, parse_special=False):
+            self.accept(t)
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            lc.llama_sampler_free(self.ptr)
+            self.ptr = None
+
+
 class Sampler:
     """One llama.cpp sampler chain per sequence: penalties and the seed's RNG
-    state are per-stream, so streams in one batch never disturb each other."""
+    state are per-stream, so streams in one batch never disturb each other.
+
+    With a grammar, a step samples from the chain first and checks only the
+    chosen token against the grammar (llama.cpp's common_sampler does the
+    same): applying a grammar to every candidate costs far more than a
+    decode step. Only a rejected token makes it filter all candidates and
+    sample again. Raises InvalidParams for a bad grammar or logit_bias id."""
 
     def __init__(self, model: LlamaModel, params: SamplingParams, seed: int):
+        self.model = model
+        self.grammar: _Grammar | None = None
+        self.ptr = None
+        _check_bias_ids(model, params)
         self.ptr = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        try:
+            self._build_chain(model, params, seed)
+            if params.grammar is not None:
+                self.grammar = _Grammar(model, params.grammar, params.grammar_triggers)
+                self._cand = np.zeros(model.n_vocab, dtype=_TOKEN_DATA)
+                self._ids = np.arange(model.n_vocab, dtype=np.int32)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build_chain(self, model: LlamaModel, params: SamplingParams, seed: int) -> None:
         add = lambda s: lc.llama_sampler_chain_add(self.ptr, s)  # noqa: E731
         if params.ignore_eos and model.eog_tokens:
-            biases = (lc.llama_logit_bias * len(model.eog_tokens))()
-            for i, tok in enumerate(model.eog_tokens):
-                biases[i].token, biases[i].bias = tok, float("-inf")
-            add(lc.llama_sampler_init_logit_bias(model.n_vocab, len(model.eog_tokens), biases))
-        if (params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty):
+            add(_logit_bias(model, [(tok, float("-inf")) for tok in model.eog_tokens]))
+        if params.logit_bias:
+            add(_logit_bias(model, params.logit_bias))
+        # Only the penalties remember accepted tokens: without them a rejected
+        # token may be accepted into the chain and nothing changes.
+        self._stateless = not (params.repeat_penalty != 1.0 or params.frequency_penalty
+                               or params.presence_penalty)
+        if not self._stateless:
             add(lc.llama_sampler_init_penalties(
                 model.n_vocab, params.repeat_last_n, params.repeat_penalty,
                 params.frequency_penalty, params.presence_penalty))
@@ -367,13 +509,57 @@ class Sampler:
             add(lc.llama_sampler_init_dist(seed & 0xFFFFFFFF))
 
     def sample(self, ctx: LlamaContext, row: int) -> int:
-        # llama_sampler_sample also accepts the token into the chain's state.
-        return lc.llama_sampler_sample(self.ptr, ctx.ptr, row)
+        """The next token, accepted into the chain's (and grammar's) state.
+        Raises LlmctlError when the grammar allows no token."""
+        g = self.grammar
+        if g is None or self._stateless:
+            # llama_sampler_sample also accepts the token into the chain's state.
+            token = lc.llama_sampler_sample(self.ptr, ctx.ptr, row)
+            if g is None:
+                return token
+        else:
+            cur = self._candidates(ctx, row)
+            lc.llama_sampler_apply(self.ptr, ctypes.byref(cur))
+            token = cur.data[cur.selected].id
+        if g.active and not g.allows(token):
+            cur = self._candidates(ctx, row)
+            g.apply(cur)
+            lc.llama_sampler_apply(self.ptr, ctypes.byref(cur))
+            chosen = cur.data[cur.selected]
+            if chosen.logit == float("-inf"):
+                raise LlmctlError("the grammar allows no token here")
+            token = chosen.id
+        if g.active:
+            g.accept(token)
+        if not self._stateless:
+            lc.llama_sampler_accept(self.ptr, token)
+        if not g.active:
+            g.watch(token)
+        return token
+
+    def _candidates(self, ctx: LlamaContext, row: int):
+        """Every token with its logit, as llama_sampler_sample builds them."""
+        n = self.model.n_vocab
+        logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx.ptr, row), shape=(n,))
+        self._cand["id"] = self._ids
+        self._cand["logit"] = logits
+        self._cand["p"] = 0.0
+        data = self._cand.ctypes.data_as(ctypes.POINTER(lc.llama_token_data))
+        return lc.llama_token_data_array(data, n, -1, False)
 
     def close(self) -> None:
+        if self.grammar is not None:
+            self.grammar.close()
         if getattr(self, "ptr", None):
             lc.llama_sampler_free(self.ptr)
             self.ptr = None
 
     def __del__(self) -> None:
         self.close()
+
+
+def _logit_bias(model: LlamaModel, pairs) -> ctypes.c_void_p:
+    biases = (lc.llama_logit_bias * len(pairs))()
+    for i, (tok, bias) in enumerate(pairs):
+        biases[i].token, biases[i].bias = tok, bias
+    return lc.llama_sampler_init_logit_bias(model.n_vocab, len(pairs), biases)

@@ -9,6 +9,12 @@ from typing import Any
 
 from llmctl.errors import InvalidParams
 
+# GBNF text is compiled by llama.cpp for every request that carries it; a
+# schema-derived grammar is a few KiB, so this only stops abuse.
+MAX_GRAMMAR_CHARS = 200_000
+MAX_TRIGGERS = 16
+MAX_LOGIT_BIAS = 1024
+
 
 def _number(name: str, value: Any, *, integer: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -34,12 +40,24 @@ class SamplingParams:
     max_tokens: int | None = None       # None: until the context is full
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    # GBNF text whose rule `root` the output must match (llama.cpp grammar).
+    grammar: str | None = None
+    # When set, the grammar is lazy: output is free until one of these strings
+    # appears, and from that string on (itself included) it must match `root`.
+    grammar_triggers: tuple[str, ...] = field(default_factory=tuple)
+    # (token id, bias added to its logit), sorted by id; a dict is accepted.
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         elif isinstance(self.stop, list):
             object.__setattr__(self, "stop", tuple(self.stop))
+        if isinstance(self.grammar_triggers, (list, str)):
+            triggers = [self.grammar_triggers] if isinstance(self.grammar_triggers, str) \
+                else self.grammar_triggers
+            object.__setattr__(self, "grammar_triggers", tuple(triggers))
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
         self.validate()
 
     def validate(self) -> None:
@@ -69,6 +87,30 @@ class SamplingParams:
             _number("seed", self.seed, integer=True)
         if len(self.stop) > 16 or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidParams("stop must be up to 16 non-empty strings", param="stop")
+        self._validate_grammar()
+
+    def _validate_grammar(self) -> None:
+        if self.grammar is not None:
+            if not isinstance(self.grammar, str) or not self.grammar.strip():
+                raise InvalidParams("grammar must be non-empty GBNF text", param="response_format")
+            if len(self.grammar) > MAX_GRAMMAR_CHARS:
+                raise InvalidParams(f"grammar is over {MAX_GRAMMAR_CHARS:,} characters",
+                                    param="response_format")
+            if self.ignore_eos:
+                # A completed grammar allows only end-of-generation tokens.
+                raise InvalidParams("ignore_eos cannot be combined with a grammar",
+                                    param="ignore_eos")
+        if self.grammar_triggers:
+            if self.grammar is None:
+                raise InvalidParams("grammar triggers need a grammar", param="response_format")
+            if len(self.grammar_triggers) > MAX_TRIGGERS or not all(
+                    isinstance(t, str) and t for t in self.grammar_triggers):
+                raise InvalidParams(f"grammar triggers must be up to {MAX_TRIGGERS} "
+                                    "non-empty strings", param="response_format")
+
+    @property
+    def constrained(self) -> bool:
+        return self.grammar is not None
 
     @property
     def greedy(self) -> bool:
@@ -78,3 +120,35 @@ class SamplingParams:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values.update({k: v for k, v in changes.items() if v is not None})
         return SamplingParams(**values)
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """`value` (a mapping or pairs of token id -> bias, ids possibly as
+    decimal strings as OpenAI's JSON sends them) as sorted pairs. Raises
+    InvalidParams (param "logit_bias"). Ids are checked against the vocabulary
+    when the sampler is built: this value does not know the model."""
+    def bad(why: str) -> InvalidParams:
+        return InvalidParams(f"logit_bias {why}", param="logit_bias")
+
+    if isinstance(value, dict):
+        pairs = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        pairs = list(value)
+    else:
+        raise bad(f"must map token ids to numbers, got {type(value).__name__}")
+    if len(pairs) > MAX_LOGIT_BIAS:
+        raise bad(f"may hold at most {MAX_LOGIT_BIAS} tokens")
+    out: dict[int, float] = {}
+    for pair in pairs:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise bad("entries must be (token id, bias) pairs")
+        token, bias = pair
+        if isinstance(token, str) and token.strip().isdigit():
+            token = int(token)
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise bad(f"keys must be token ids (non-negative integers), got {token!r}")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) \
+                or not math.isfinite(bias) or not -100 <= bias <= 100:
+            raise bad(f"values must be numbers in [-100, 100], got {bias!r} for token {token}")
+        out[token] = float(bias)
+    return tuple(sorted(out.items()))
