@@ -18,7 +18,7 @@ import threading
 from typing import Any, Callable
 
 from llmctl.errors import ContextOverflow, DecodeError, EngineFailed, InvalidParams, LlmctlError
-from llmctl.runtime.backend import ContextConfig, LlamaContext, LlamaModel, Sampler
+from llmctl.runtime.backend import ContextConfig, LlamaContext, LlamaModel, Sampler, validate_sampling
 from llmctl.runtime.config import EngineShape, LoadOptions
 from llmctl.runtime.detok import StopMatcher, Utf8Stream
 from llmctl.runtime.events import ErrorEvent, FinishEvent, TokenEvent, Usage
@@ -70,8 +70,9 @@ class Engine:
     def submit(self, prompt: list[int], params: SamplingParams,
                emit: Callable[[Any], None]) -> Sequence:
         """Queue a request. Raises (before anything streams) when it can never
-        run: InvalidParams for an empty prompt, ContextOverflow when it does
-        not fit, QueueFull, or EngineFailed."""
+        run: InvalidParams for an empty prompt or a bad grammar or logit
+        bias, ContextOverflow when it does not fit, QueueFull, or
+        EngineFailed."""
         if not prompt:
             raise InvalidParams("the prompt is empty", param="prompt")
         want = params.max_tokens or 1
@@ -79,6 +80,8 @@ class Engine:
             raise ContextOverflow(
                 f"prompt ({len(prompt)} tokens) plus max_tokens ({want}) exceeds the "
                 f"context of {self.n_ctx_seq} tokens", param="max_tokens")
+        if params.grammar or params.logit_bias:
+            validate_sampling(self.model, params)   # a 400 now, not an error mid-stream
         if not self.alive:
             raise EngineFailed(f"the engine has stopped: {self.failure or 'shut down'}")
         max_new = params.max_tokens or (self.n_ctx_seq - len(prompt))

@@ -17,6 +17,7 @@ from llmctl.runtime.events import ErrorEvent, FinishEvent, TokenEvent
 from llmctl.runtime.llm import LLM, AsyncStream
 from llmctl.server import errors
 from llmctl.server.body import json_body
+from llmctl.server.chat_output import ChatShaper
 from llmctl.server.protocol import ParsedRequest, ResponseIds, finish_reason, parse_request
 from llmctl.server.state import state_of
 
@@ -39,7 +40,7 @@ async def completions(request: Request):
 
 def _prompt_tokens(llm: LLM, req: ParsedRequest) -> list[int]:
     if req.messages is not None:
-        return llm.chat_tokens(req.messages)
+        return llm.chat_tokens(req.messages, req.structured.tools)
     if isinstance(req.prompt, str):
         return llm.text_tokens(req.prompt)
     if not all(t < llm.model.n_vocab for t in req.prompt):
@@ -58,17 +59,20 @@ async def _generate(request: Request, chat: bool) -> Response:
     if req.model is not None and req.model not in state.aliases:
         raise ModelNotFound(f"model {req.model!r} is not served here; this server serves "
                             f"{state.name!r}", param="model")
+    fmt = llm.template.tool_format
+    params = req.structured.sampling(req.params, fmt)
     # Rendering and tokenizing a large prompt takes a while: off the loop.
     tokens = await asyncio.to_thread(_prompt_tokens, llm, req)
-    stream = llm.open_stream(tokens, req.params)
+    stream = llm.open_stream(tokens, params)
     watcher = asyncio.create_task(_cancel_on_disconnect(request, stream))
-    ids = ResponseIds(state.name, chat)
+    reply = _Reply(ResponseIds(state.name, chat),
+                   ChatShaper(req.structured.setup(fmt)) if chat else None, req.include_usage)
     if req.stream:
-        return StreamingResponse(_stream(stream, watcher, ids, req.include_usage),
+        return StreamingResponse(_stream(stream, watcher, reply),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     try:
-        return await _collect(stream, ids)
+        return await _collect(stream, reply)
     finally:
         watcher.cancel()
         stream.close()
@@ -84,10 +88,50 @@ async def _cancel_on_disconnect(request: Request, stream: AsyncStream) -> None:
             return
 
 
-async def _stream(stream: AsyncStream, watcher: asyncio.Task, ids: ResponseIds,
-                  include_usage: bool):
+class _Reply:
+    """One response's frames: OpenAI's chunks or whole body, with the chat
+    answer read through a ChatShaper (tool calls, reasoning)."""
+
+    def __init__(self, ids: ResponseIds, shaper: ChatShaper | None, include_usage: bool):
+        self.ids, self.shaper, self.include_usage = ids, shaper, include_usage
+
+    def first(self) -> str:
+        return _sse(self.ids.chunk("", first=True))
+
+    def frames(self, event) -> str:
+        """The SSE frames for one event."""
+        ids, shaper = self.ids, self.shaper
+        if isinstance(event, TokenEvent):
+            if shaper is None:
+                return _sse(ids.chunk(event.text))
+            return "".join(_sse(ids.delta_chunk(d)) for d in shaper.feed(event.text))
+        frames = []
+        if isinstance(event, FinishEvent):
+            if shaper is None:
+                frames += [_sse(ids.chunk(event.tail))] if event.tail else []
+                frames.append(_sse(ids.chunk(None, finish_reason(event.reason))))
+            else:
+                frames += [_sse(ids.delta_chunk(d)) for d in shaper.finish(event.tail)]
+                frames.append(_sse(ids.delta_chunk({}, shaper.finish_reason(event.reason))))
+            if self.include_usage:
+                frames.append(_sse(ids.usage_chunk(event.usage)))
+        elif isinstance(event, ErrorEvent):
+            e = event.error
+            frames.append(_sse(errors.error_body(e.message, e.error_type, e.code)))
+        frames.append("data: [DONE]\n\n")
+        return "".join(frames)
+
+    def whole(self, text: str, event: FinishEvent) -> dict:
+        if self.shaper is None:
+            return self.ids.full(text, finish_reason(event.reason), event.usage)
+        message = self.shaper.message(text)
+        return self.ids.full_message(message, self.shaper.finish_reason(event.reason),
+                                     event.usage)
+
+
+async def _stream(stream: AsyncStream, watcher: asyncio.Task, reply: _Reply):
     try:
-        yield _sse(ids.chunk("", first=True))
+        yield reply.first()
         while not stream.done:
             try:
                 events = await stream.next_batch(timeout=KEEPALIVE_S)
@@ -96,31 +140,13 @@ async def _stream(stream: AsyncStream, watcher: asyncio.Task, ids: ResponseIds,
                 continue
             # Events that queued up while we were sending go out in one
             # write: fewer syscalls and wake-ups, same chunks for the client.
-            yield "".join(_frames(event, ids, include_usage) for event in events)
+            yield "".join(reply.frames(event) for event in events)
     finally:
         watcher.cancel()
         stream.close()
 
 
-def _frames(event, ids: ResponseIds, include_usage: bool) -> str:
-    """The SSE frames for one event."""
-    if isinstance(event, TokenEvent):
-        return _sse(ids.chunk(event.text))
-    frames = []
-    if isinstance(event, FinishEvent):
-        if event.tail:
-            frames.append(_sse(ids.chunk(event.tail)))
-        frames.append(_sse(ids.chunk(None, finish_reason(event.reason))))
-        if include_usage:
-            frames.append(_sse(ids.usage_chunk(event.usage)))
-    elif isinstance(event, ErrorEvent):
-        e = event.error
-        frames.append(_sse(errors.error_body(e.message, e.error_type, e.code)))
-    frames.append("data: [DONE]\n\n")
-    return "".join(frames)
-
-
-async def _collect(stream: AsyncStream, ids: ResponseIds) -> Response:
+async def _collect(stream: AsyncStream, reply: _Reply) -> Response:
     parts: list[str] = []
     while True:
         for event in await stream.next_batch():
@@ -130,7 +156,6 @@ async def _collect(stream: AsyncStream, ids: ResponseIds) -> Response:
                 if event.reason == "cancelled":    # the client is gone: nobody reads this
                     return Response(status_code=499)
                 parts.append(event.tail)
-                return JSONResponse(ids.full("".join(parts), finish_reason(event.reason),
-                                             event.usage))
+                return JSONResponse(reply.whole("".join(parts), event))
             elif isinstance(event, ErrorEvent):
                 raise event.error

@@ -13,6 +13,7 @@ from llmctl.errors import InvalidParams
 from llmctl.runtime.events import Usage
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.template import normalize_messages
+from llmctl.server.tool_protocol import Structured, parse_structured
 
 _NUMBER = (int, float)
 # (body key, SamplingParams field, accepted types)
@@ -38,17 +39,12 @@ def _given(value: Any) -> bool:
 # that asks for something (null, and the values that mean "off", pass).
 # Dropping them silently would hand the client an answer it did not ask for.
 _UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "tools": _given,
-    "tool_choice": _given,
-    "parallel_tool_calls": _given,
     "functions": _given,
     "function_call": _given,
     "audio": _given,
-    "response_format": lambda v: v not in (None, {"type": "text"}),
     "modalities": lambda v: v not in (None, ["text"]),
     "logprobs": lambda v: v is not None and v is not False,
     "top_logprobs": lambda v: v is not None and v != 0,
-    "logit_bias": lambda v: v not in (None, {}),
     "echo": lambda v: v is not None and v is not False,
     "suffix": lambda v: v not in (None, ""),
 }
@@ -163,6 +159,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     params: SamplingParams
+    structured: Structured          # tools, tool_choice, response_format, logit_bias
     messages: list[dict] | None     # chat: normalized {"role", "content": str} messages
     prompt: str | list[int] | None  # completions: text, or token ids >= 0 (the
                                     # caller checks them against the vocabulary)
@@ -171,7 +168,7 @@ class ParsedRequest:
 def parse_request(body: dict, chat: bool, defaults: SamplingParams) -> ParsedRequest:
     """Validate a whole completion request. Raises InvalidParams with `param`
     naming the field: a wrong type, a value out of range, a missing
-    messages/prompt, or a field llmctl does not implement (tools, logprobs,
+    messages/prompt, or a field llmctl does not implement (logprobs,
     n > 1, ...). Fields that change nothing (user, metadata, store, ...)
     are accepted."""
     for key, asks in _UNSUPPORTED.items():
@@ -179,12 +176,13 @@ def parse_request(body: dict, chat: bool, defaults: SamplingParams) -> ParsedReq
             raise InvalidParams(f"'{key}' is not supported by llmctl yet", param=key)
     model, stream, include_usage = parse_common(body)
     params = parse_sampling(body, defaults)
+    structured = parse_structured(body, chat)
     if chat:
         if body.get("messages") is None:
             raise InvalidParams("'messages' is required", param="messages")
-        return ParsedRequest(model, stream, include_usage, params,
+        return ParsedRequest(model, stream, include_usage, params, structured,
                              normalize_messages(body["messages"]), None)
-    return ParsedRequest(model, stream, include_usage, params, None, _prompt(body))
+    return ParsedRequest(model, stream, include_usage, params, structured, None, _prompt(body))
 
 
 def usage_dict(usage: Usage) -> dict:
@@ -220,6 +218,16 @@ class ResponseIds:
             return {**self._base("chat.completion.chunk"), "choices": [choice]}
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
         return {**self._base("text_completion"), "choices": [choice]}
+
+    def delta_chunk(self, delta: dict, finish: str | None = None) -> dict:
+        """A chat chunk carrying one ready-made `delta` object."""
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {**self._base("chat.completion.chunk"), "choices": [choice]}
+
+    def full_message(self, message: dict, finish: str, usage: Usage) -> dict:
+        """A whole chat completion with a ready-made assistant message."""
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+        return {**self._base("chat.completion"), "choices": [choice], "usage": usage_dict(usage)}
 
     def usage_chunk(self, usage: Usage) -> dict:
         obj = "chat.completion.chunk" if self.chat else "text_completion"

@@ -213,15 +213,10 @@ def test_mistyped_fields_are_400_naming_them(server, extra, param):
 
 
 UNSUPPORTED = [
-    ("tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("tool_choice", "required"),
-    ("parallel_tool_calls", False),
     ("functions", [{"name": "f"}]),
     ("function_call", "auto"),
-    ("response_format", {"type": "json_object"}),
     ("logprobs", True),
     ("top_logprobs", 3),
-    ("logit_bias", {"50256": -100}),
     ("n", 3),
     ("best_of", 2),
     ("echo", True),
@@ -235,6 +230,32 @@ def test_unsupported_fields_are_named_not_dropped(server, field, value):
                   else ("/v1/chat/completions", {"messages": MSG}))
     err = assert_error(post(server, {**base, "max_tokens": 1, field: value}, path), 400, field)
     assert "not supported" in err["message"]
+
+
+@pytest.mark.parametrize("extra,param,says", [
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools",
+     "does not support tools"),                     # SmolLM2's template has no tools
+    ({"tool_choice": "required"}, "tool_choice", "tool"),
+    ({"logit_bias": {"50256": -100}}, "logit_bias", "outside the vocabulary"),
+    ({"logit_bias": {"7": 101}}, "logit_bias", "-100 to 100"),
+    ({"response_format": {"type": "xml"}}, "response_format", "xml"),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "n", "schema": {"type": "string", "pattern": "a+"}}}}, "response_format", "pattern"),
+])
+def test_structured_fields_are_checked_and_named(server, extra, param, says):
+    err = assert_error(post(server, {"messages": MSG, "max_tokens": 1, **extra}), 400, param)
+    assert says in err["message"]
+
+
+def test_json_object_answers_parse(server):
+    r = post(server, {"messages": [{"role": "user", "content": "Describe a cat in JSON."}],
+                      "max_tokens": 60, "temperature": 0, "response_format": {"type": "json_object"}})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    if choice["finish_reason"] == "stop":
+        assert isinstance(json.loads(choice["message"]["content"]), dict)
+    else:       # cut by max_tokens: still a prefix of a JSON object
+        assert choice["message"]["content"].lstrip().startswith("{")
 
 
 def test_nulls_mean_defaults_and_harmless_extras_pass(server):
