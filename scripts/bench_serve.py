@@ -35,11 +35,11 @@ CTX_PER_SEQ = 512
 READY = http_ok("/health", "/v1/models")
 
 
-def servers(threads: int, llama_server: Path | None,
-            peers: bool) -> dict[str, Callable[[], Server]]:
+def servers(threads: int, llama_server: Path | None, peers: bool,
+            name: str = "smollm2") -> dict[str, Callable[[], Server]]:
     """Each server to measure, as a factory: a port is picked at start."""
-    model = str(resolve_model("smollm2").path)
-    out = {"llmctl serve": partial(Server.llmctl_serve, "smollm2", "--max-num-seqs", "16",
+    model = str(resolve_model(name).path)
+    out = {"llmctl serve": partial(Server.llmctl_serve, name, "--max-num-seqs", "16",
                                    "--ctx-size", str(CTX_PER_SEQ), "--threads", str(threads))}
     if peers and llama_server and llama_server.exists():
         out["llama-server -np 16"] = partial(
@@ -96,11 +96,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3,
                     help="Rounds over all servers; medians are reported (the box is noisy).")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--model", default="smollm2",
+                    help="Registry name served by every server (e.g. qwen2.5-coder-0.5b).")
     args = ap.parse_args()
     runs: dict[str, list[dict]] = {}
     for i in range(args.rounds):
         for name, server in servers(args.threads, args.llama_server,
-                                    not args.skip_peers).items():
+                                    not args.skip_peers, args.model).items():
             print(f"== round {i + 1}: {name}", flush=True)
             with server() as srv:
                 runs.setdefault(name, []).append(measure(srv.url))
