@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import json
 import typing
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
@@ -56,6 +58,10 @@ GpuLayers = Annotated[str, typer.Option(
     help="Layers to offload to the GPU: auto or a number (0 = CPU only).")]
 System = Annotated[Optional[str], typer.Option("--system", help="System prompt.")]
 Json = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
+Format = Annotated[Optional[str], typer.Option(
+    "--format", envvar="LLMCTL_FORMAT", help="json: every answer is one JSON object.")]
+JsonSchema = Annotated[Optional[Path], typer.Option(
+    "--json-schema", help="A JSON Schema file every answer must validate against.")]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,13 +78,31 @@ class Generation:
     ctx_size: CtxSize = None
     threads: Threads = None
     n_gpu_layers: GpuLayers = "auto"
+    format: Format = None
+    json_schema: JsonSchema = None
 
     def sampling(self) -> SamplingParams:
-        """The sampling half. Raises InvalidParams for out-of-range values."""
+        """The sampling half. Raises InvalidParams for out-of-range values
+        and UsageError for an unknown --format or an unreadable schema."""
         from llmctl.runtime.sampling import SamplingParams
 
         return SamplingParams(temperature=self.temperature, top_p=self.top_p,
-                              top_k=self.top_k, seed=self.seed, max_tokens=self.max_tokens)
+                              top_k=self.top_k, seed=self.seed, max_tokens=self.max_tokens,
+                              grammar=self._grammar())
+
+    def _grammar(self) -> str | None:
+        from llmctl.errors import UsageError
+        from llmctl.runtime.grammar import json_object_grammar, json_schema_grammar
+
+        if self.format not in (None, "json"):
+            raise UsageError(f"--format {self.format!r}: only json is supported")
+        if self.json_schema is not None:
+            try:
+                schema = json.loads(self.json_schema.read_text())
+            except (OSError, ValueError) as e:
+                raise UsageError(f"cannot read the JSON Schema {self.json_schema}: {e}") from None
+            return json_schema_grammar(schema)
+        return json_object_grammar() if self.format == "json" else None
 
     def load(self, **extra: Any) -> LoadOptions:
         """The load half, plus the command's own `extra` LoadOptions fields.

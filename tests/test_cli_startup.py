@@ -82,7 +82,7 @@ def test_chat_and_run_declare_the_shared_options_identically():
         return [(p.name, p.opts, p.envvar, p.default, p.help) for p in cmd.params
                 if p.name in shared]
 
-    assert len(shared) == 9 and len(declared("chat")) == 9
+    assert len(shared) == 11 and len(declared("chat")) == 11
     assert declared("chat") == declared("run")
 
 
