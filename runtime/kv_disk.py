@@ -333,18 +333,18 @@ class DiskStore:
         ensure_private_dir(self.dir)
         meta = self.dir / "meta.json"
         if not os.path.lexists(meta):
-            _atomic_write(meta, json.dumps(self.identity, indent=1).encode())
+            atomic_write(meta, json.dumps(self.identity, indent=1))
         name = job.chain[-1]
         path = self.dir / f"{name}.kv"
         header = json.dumps({"ns": self.ns, "n_tokens": len(job.tokens), "tokens": job.tokens,
                              "chain": job.chain, "created": time.time()}).encode()
         if _HEAD.size + _CRC.size + len(header) + len(job.blob) > self.budget or is_foreign(path):
             return
-        _atomic_write(path, state_prefix(header, job.blob), header, job.blob)
+        atomic_write(path, (state_prefix(header, job.blob), header, job.blob))
         for h in job.chain[:-1]:
             ref = self.dir / f"{h}.ref"
             if self._resolve(h) is None and not is_foreign(ref):
-                _atomic_write(ref, name.encode())
+                atomic_write(ref, name)
 
     def _evict(self) -> None:
         """Delete least recently used states, across all models, until the
@@ -359,11 +359,6 @@ class DiskStore:
                 break
             _remove_own(path)
             total -= size
-
-
-def _atomic_write(path: Path, *parts: bytes) -> None:
-    # The one place the store writes a file (tests make it fail here).
-    atomic_write(path, parts)
 
 
 # ---- inspection (llmctl cache) --------------------------------------------------

@@ -289,7 +289,7 @@ def test_full_disk_and_tiny_budget(tmp_path, cold, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with load(tmp_path / "full") as llm:
-        monkeypatch.setattr(kv_disk, "_atomic_write", no_space)
+        monkeypatch.setattr(kv_disk, "atomic_write", no_space)
         assert ask(llm, SUFFIXES[0]) == (cold[SUFFIXES[0]], 0)
         llm.prefix_cache.disk.flush()
         monkeypatch.undo()
