@@ -195,8 +195,9 @@ class AsyncStream:
     async def next_batch(self, timeout: float | None = None) -> list:
         """Every event that has arrived, waiting for at least one. Raises
         asyncio.TimeoutError when none comes within `timeout` seconds."""
-        first = await asyncio.wait_for(self._events.get(), timeout) if timeout \
-            else await self._events.get()
+        # asyncio.timeout adds no task per call, unlike wait_for: this runs per token batch.
+        async with asyncio.timeout(timeout or None):
+            first = await self._events.get()
         batch = [first]
         while not self._events.empty():
             batch.append(self._events.get_nowait())
