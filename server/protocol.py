@@ -12,7 +12,6 @@ from typing import Any, Callable
 from llmctl.errors import InvalidParams
 from llmctl.runtime.events import Usage
 from llmctl.runtime.sampling import SamplingParams
-from llmctl.runtime.template import normalize_messages
 from llmctl.server.tool_protocol import Structured, parse_structured
 
 _NUMBER = (int, float)
@@ -160,7 +159,7 @@ class ParsedRequest:
     include_usage: bool
     params: SamplingParams
     structured: Structured          # tools, tool_choice, response_format, logit_bias
-    messages: list[dict] | None     # chat: normalized {"role", "content": str} messages
+    messages: list | None           # chat: as sent; LLM.chat_tokens validates them
     prompt: str | list[int] | None  # completions: text, or token ids >= 0 (the
                                     # caller checks them against the vocabulary)
 
@@ -181,7 +180,7 @@ def parse_request(body: dict, chat: bool, defaults: SamplingParams) -> ParsedReq
         if body.get("messages") is None:
             raise InvalidParams("'messages' is required", param="messages")
         return ParsedRequest(model, stream, include_usage, params, structured,
-                             normalize_messages(body["messages"]), None)
+                             body["messages"], None)
     return ParsedRequest(model, stream, include_usage, params, structured, None, _prompt(body))
 
 
