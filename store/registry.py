@@ -68,6 +68,27 @@ def _check_parts(path: Path, model: RegistryModel) -> None:
         raise UsageError(f"{where}: bad placeholder in `parts` or `parts_file`: {e}") from e
 
 
+_INT_KEYS = {"context", "parts_count"}
+
+
+def _check_keys(path: Path, name: str, spec: object) -> None:
+    """A user's models.toml mistake is a UsageError naming the key, not a
+    TypeError from deep inside a command."""
+    where = f"{path}: model {name!r}"
+    if not isinstance(spec, dict):
+        raise UsageError(f"{where} must be a table of keys")
+    unknown = set(spec) - set(RegistryModel.__dataclass_fields__) | ({"name"} & set(spec))
+    if unknown:
+        raise UsageError(f"{where} has unknown keys {sorted(unknown)}")
+    if "repo" not in spec:
+        raise UsageError(f"{where} needs `repo`, the Hugging Face repo id it comes from")
+    for key, value in spec.items():
+        want = int if key in _INT_KEYS else str
+        if not isinstance(value, want) or isinstance(value, bool):
+            raise UsageError(f"{where}: `{key}` must be "
+                             f"{'an integer' if want is int else 'a string'}")
+
+
 @lru_cache(maxsize=4)
 def _load(path: Path, mtime: float) -> Registry:
     try:
@@ -76,10 +97,7 @@ def _load(path: Path, mtime: float) -> Registry:
         raise UsageError(f"cannot read model registry {path}: {e}") from e
     models = {}
     for name, spec in data.get("models", {}).items():
-        known = RegistryModel.__dataclass_fields__
-        unknown = set(spec) - set(known)
-        if unknown:
-            raise UsageError(f"{path}: model {name!r} has unknown keys {sorted(unknown)}")
+        _check_keys(path, name, spec)
         models[name] = RegistryModel(name=name, **spec)
         if models[name].parts:
             _check_parts(path, models[name])

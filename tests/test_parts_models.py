@@ -151,6 +151,21 @@ def test_registry_refuses_incomplete_parts_entries(tmp_path, monkeypatch, keys, 
         load_registry()
 
 
+@pytest.mark.parametrize("entry, problem", [
+    ('package = "p"\n', "needs `repo`"),
+    ('repo = "o/r"\ncontext = "4k"\n', "`context` must be an integer"),
+    ('repo = 5\n', "`repo` must be a string"),
+    ('repo = "o/r"\nname = "x"\n', "unknown keys"),
+])
+def test_registry_mistakes_name_the_key(tmp_path, monkeypatch, entry, problem):
+    # A missing repo used to escape as a TypeError ("internal error").
+    toml = tmp_path / "models.toml"
+    toml.write_text(f"[models.bad]\n{entry}")
+    monkeypatch.setenv("LLMCTL_MODELS_TOML", str(toml))
+    with pytest.raises(UsageError, match=problem):
+        load_registry()
+
+
 def test_gemma3_uses_the_generic_parts_layout():
     spec = load_registry().get("gemma3-270m")
     paths = locate_parts(spec)
