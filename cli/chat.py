@@ -102,7 +102,7 @@ def _batch(session: ChatSession) -> None:
 
 @handle_errors
 @o.with_generation
-def chat(gen: o.Generation, model: o.ModelArg = None) -> None:
+def chat(gen: o.Generation, model: o.ModelArg = None, kv_type: o.KvTypeOpt = o.KvType("f16")) -> None:
     """Chat with a model in the terminal.
 
     Example: llmctl chat smollm2 --system "Answer briefly." --temperature 0.7
@@ -111,7 +111,7 @@ def chat(gen: o.Generation, model: o.ModelArg = None) -> None:
     from llmctl.runtime.llm import LLM
 
     params = gen.sampling()
-    with LLM.load(model, gen.load()) as llm:
+    with LLM.load(model, gen.load(kv_type=kv_type.value)) as llm:
         session = ChatSession(llm, params, system=gen.system)
         if sys.stdin.isatty():
             _interactive(session)

@@ -44,13 +44,14 @@ def list_cmd(json: o.Json = False) -> None:
 def show(
     model: o.ModelArg = None,
     ctx_size: o.CtxSize = None,
+    kv_type: o.KvTypeOpt = o.KvType("f16"),
     json: o.Json = False,
 ) -> None:
     """Show a model's metadata and the memory it needs at a context size.
 
-    Example: llmctl show smollm2 --ctx-size 8192
+    Example: llmctl show smollm2 --ctx-size 8192 --kv-type q8_0
     """
-    data = show_model(model, ctx_size)
+    data = show_model(model, ctx_size, kv_type.value)
     if json:
         print_json(data)
         return
@@ -62,6 +63,7 @@ def show(
         elif key == "size":
             value = human_bytes(value)
         table.add_row(f"[bold]{key}[/]", str(value))
+    table.add_row("[bold]kv_type[/]", mem["kv_type"])
     table.add_row("[bold]memory[/]",
                   f"{human_bytes(mem['total_bytes'])} at ctx {mem['ctx_size']} = weights "
                   f"{human_bytes(mem['weights_bytes'])} + KV cache {human_bytes(mem['kv_cache_bytes'])}")

@@ -12,11 +12,14 @@ import functools
 import inspect
 import json
 import typing
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 from typing_extensions import Annotated
+
+from llmctl.kv_types import KV_TYPES
 
 if TYPE_CHECKING:
     from llmctl.runtime.llm import LoadOptions
@@ -141,3 +144,11 @@ def with_generation(fn: Callable) -> Callable:
     command.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
     command.__annotations__ = {p.name: p.annotation for p in params}
     return command
+
+
+# --kv-type's choices, from the one list the runtime and planner use.
+KvType = Enum("KvType", {name: name for name in KV_TYPES}, type=str)
+KvTypeOpt = Annotated[KvType, typer.Option(
+    "--kv-type", envvar="LLMCTL_KV_TYPE",
+    help="K and V cache element type: q8_0 takes about half the memory of f16, q4_0 about a "
+         "quarter; both need flash attention (auto turns it on).")]

@@ -24,6 +24,7 @@ def run(
     model: o.ModelArg = None,
     prompt: Annotated[str, typer.Argument(help="The prompt, or - to read it from stdin.")] = "-",
     stats: Annotated[bool, typer.Option("--stats", help="Print speed to stderr.")] = False,
+    kv_type: o.KvTypeOpt = o.KvType("f16"),
     json: o.Json = False,
 ) -> None:
     """Answer one prompt and exit.
@@ -38,7 +39,7 @@ def run(
     params = gen.sampling()
     # One prompt, one answer: a prefix cache would only cost us flash
     # attention (the engine turns it off for exact cache hits) for no reuse.
-    load = gen.load(prefix_cache=False)
+    load = gen.load(prefix_cache=False, kv_type=kv_type.value)
     result = run_prompt(model, text, params, load, system=gen.system,
                         on_text=None if json else write_out)
     if json:

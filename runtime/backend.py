@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Callable, Iterator
 import llama_cpp as lc
 import numpy as np
 
-from llmctl.errors import BadModelFile, DecodeError, InvalidParams, LlmctlError
+from llmctl.errors import BadModelFile, DecodeError, InvalidParams, LlmctlError, UsageError
 from llmctl.runtime.sampling import SamplingParams
 
 _init_lock = threading.Lock()
@@ -217,6 +218,21 @@ class LlamaModel:
         self.close()
 
 
+# llmctl's KV-cache type names (store.gguf_info.KV_TYPES) as ggml types.
+_KV_GGML_TYPES = {"f16": lc.GGML_TYPE_F16, "q8_0": lc.GGML_TYPE_Q8_0, "q4_0": lc.GGML_TYPE_Q4_0}
+# One line per KV cache llama.cpp allocates (two for sliding-window models).
+_KV_SIZE_RE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB")
+
+
+def kv_ggml_type(name: str) -> int:
+    """The ggml type of the KV-cache type `name`. Raises UsageError for a
+    name llmctl does not offer."""
+    try:
+        return _KV_GGML_TYPES[name]
+    except KeyError:
+        raise UsageError(f"invalid kv_type {name!r}: use one of {', '.join(_KV_GGML_TYPES)}") from None
+
+
 @dataclass(frozen=True)
 class ContextConfig:
     n_ctx_seq: int          # tokens each sequence may hold
@@ -225,6 +241,7 @@ class ContextConfig:
     n_threads: int
     flash_attn: bool = True
     n_ubatch: int | None = None     # tokens per graph run; None: min(n_batch, 512)
+    kv_type: str = "f16"            # K and V cache element type
 
 
 class LlamaContext:
@@ -232,7 +249,11 @@ class LlamaContext:
 
     Each sequence gets its own KV stream (kv_unified=False): attention then
     spans only that sequence's cells, which measured faster at batch 16-32
-    than one unified cache whose attention spans every cell."""
+    than one unified cache whose attention spans every cell.
+
+    Raises UsageError for an unknown kv_type and LlmctlError, with
+    llama.cpp's reason, when the context cannot be made (out of memory, or
+    a quantized V cache without flash attention)."""
 
     def __init__(self, model: LlamaModel, cfg: ContextConfig):
         self.model = model
@@ -243,14 +264,22 @@ class LlamaContext:
         params.n_ubatch = cfg.n_ubatch or min(cfg.n_batch, 512)
         params.n_seq_max = cfg.n_seq_max
         params.n_threads = params.n_threads_batch = cfg.n_threads
-        params.flash_attn_type = (lc.LLAMA_FLASH_ATTN_TYPE_AUTO if cfg.flash_attn
-                                  else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        params.type_k = params.type_v = kv_ggml_type(cfg.kv_type)
+        # A quantized V is read only by the flash-attention kernel, so there
+        # "on" must mean enabled, not llama.cpp's per-device auto choice.
+        on = lc.LLAMA_FLASH_ATTN_TYPE_AUTO if cfg.kv_type == "f16" else lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        params.flash_attn_type = on if cfg.flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
         params.kv_unified = False
         params.no_perf = True
-        self.ptr = lc.llama_init_from_model(model.ptr, params)
+        sizes: list[float] = []
+        with capture_log(lambda text: sizes.extend(map(float, _KV_SIZE_RE.findall(text)))) as log:
+            self.ptr = lc.llama_init_from_model(model.ptr, params)
         if not self.ptr:
-            raise LlmctlError("llama.cpp could not create a context (out of memory? "
-                              "try a smaller --ctx-size or --max-num-seqs)")
+            reason = log.last_error("out of memory?")
+            raise LlmctlError(f"llama.cpp could not create a context: {reason} (try a smaller "
+                              "--ctx-size or --max-num-seqs, or another --kv-type)")
+        # What llama.cpp allocated for K and V, from its own report.
+        self.kv_bytes: int | None = round(sum(sizes) * (1 << 20)) if sizes else None
         self.mem = lc.llama_get_memory(self.ptr)
         self.n_ctx_seq = lc.llama_n_ctx_seq(self.ptr)
         self._batch = lc.llama_batch_init(cfg.n_batch, 0, 1)
@@ -312,9 +341,11 @@ class LlamaContext:
         """Forget every sequence's KV."""
         lc.llama_memory_clear(self.mem, True)
 
-    def logits(self, row: int, n_vocab: int):
+    def logits(self, row: int) -> np.ndarray:
+        """A view of the raw logits of batch row `row`, valid until the next
+        decode overwrites them."""
         ptr = lc.llama_get_logits_ith(self.ptr, row)
-        return ptr[:n_vocab]
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         return bool(lc.llama_memory_seq_rm(self.mem, seq_id, p0, p1))

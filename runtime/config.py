@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmctl.errors import UsageError
+from llmctl.kv_types import KV_TYPES
 from llmctl.runtime import planner
 
 
@@ -20,9 +21,10 @@ class LoadOptions:
     max_num_seqs: int = 1
     max_num_batched_tokens: int = 512
     max_queue: int = 256
-    flash_attn: bool | None = None       # None: on unless the prefix cache is on
+    flash_attn: bool | None = None       # None: on for a quantized KV, else unless the prefix cache is on
     prefix_cache: bool = True
     prefix_cache_size_gb: float = 4.0
+    kv_type: str = "f16"                 # K and V cache element type: a KV_TYPES name
 
     def __post_init__(self) -> None:
         if self.ctx_size is not None and self.ctx_size < 64:
@@ -40,6 +42,16 @@ class LoadOptions:
             planner.parse_gpu_layers(self.n_gpu_layers)
         except ValueError as e:
             raise UsageError(f"invalid n_gpu_layers {self.n_gpu_layers!r}: use auto or a number") from e
+        self._check_kv_type()
+
+    def _check_kv_type(self) -> None:
+        if self.kv_type not in KV_TYPES:
+            raise UsageError(f"invalid kv_type {self.kv_type!r}: use one of {', '.join(KV_TYPES)}")
+        # llama.cpp reads a quantized V only inside its flash-attention
+        # kernel; refusing here beats quietly running another type than asked.
+        if self.kv_type != "f16" and self.flash_attn is False:
+            raise UsageError(f"kv_type {self.kv_type}: a quantized V cache needs flash attention; "
+                             "use --flash-attn on or auto")
 
     @property
     def use_flash_attn(self) -> bool:
@@ -49,8 +61,15 @@ class LoadOptions:
         CPU flash attention picks its kernel by how many query rows a chunk
         has, so a token's logits depend on how its prompt was split; a prefix
         hit could then change greedy output. So it is off by default while
-        the cache is on (bit-exact hits); on is faster but hits may differ."""
-        return self.flash_attn if self.flash_attn is not None else not self.prefix_cache
+        the cache is on (bit-exact hits); on is faster but hits may differ.
+
+        A quantized KV cache needs it (llama.cpp has no other kernel for a
+        quantized V), so auto turns it on there: such a cache is already not
+        bit-identical to f16, and the exactness of flash-attention prefix
+        hits is tracked in issue 14."""
+        if self.flash_attn is not None:
+            return self.flash_attn
+        return self.kv_type != "f16" or not self.prefix_cache
 
 
 @dataclass(frozen=True)

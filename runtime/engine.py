@@ -51,7 +51,7 @@ class Engine:
         self.ctx = LlamaContext(model, ContextConfig(
             n_ctx_seq=shape.n_ctx_seq, n_seq_max=opts.max_num_seqs,
             n_batch=opts.max_num_batched_tokens, n_threads=shape.n_threads,
-            flash_attn=self.flash_attn))
+            flash_attn=self.flash_attn, kv_type=opts.kv_type))
         self.n_ctx_seq = self.ctx.n_ctx_seq
         self.max_num_seqs = opts.max_num_seqs
         self.scheduler = Scheduler(SchedulerConfig(

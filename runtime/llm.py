@@ -55,8 +55,7 @@ def _gpu_layers(resolved: ResolvedModel, opts: LoadOptions, n_ctx: int) -> int:
     from llmctl.store.gguf_info import read_gguf_info
 
     info = read_gguf_info(resolved.path)
-    shape = planner.ModelShape(info.size, info.n_layers, info.n_embd, info.n_head,
-                               info.n_head_kv or info.n_head, head_dim=info.head_dim)
+    shape = planner.ModelShape.from_info(info, opts.kv_type)
     return planner.plan_gpu_layers(shape, [g.free_mib << 20 for g in gpus],
                                    n_ctx * opts.max_num_seqs, capable)
 

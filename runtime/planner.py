@@ -1,4 +1,5 @@
-"""`--n-gpu-layers auto`: how many layers fit in free VRAM.
+"""`--n-gpu-layers auto`: how many layers fit in free VRAM, and how much KV
+cache a context of each KV type needs.
 
 Plain arithmetic over a model's size and shape, so it is unit-tested with
 simulated GPUs. The estimate is deliberately conservative: an offload that
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmctl.store.gguf_info import kv_cache_bytes
+from llmctl.store.gguf_info import GGUFInfo, kv_bytes_per_elem, kv_cache_bytes
 
 MIB = 1 << 20
 # CUDA context, cuBLAS workspace and llama.cpp's compute buffers; measured
@@ -27,10 +28,21 @@ class ModelShape:
     kv_bytes_per_elem: float = 2.0   # f16 KV cache
     head_dim: int = 0                # 0: n_embd / n_head
 
+    @classmethod
+    def from_info(cls, info: GGUFInfo, kv_type: str = "f16") -> "ModelShape":
+        """The shape of a GGUF with a `kv_type` cache. Raises ValueError for
+        an unknown KV type."""
+        return cls(info.size, info.n_layers, info.n_embd, info.n_head, info.n_head_kv or info.n_head,
+                   kv_bytes_per_elem=kv_bytes_per_elem(kv_type), head_dim=info.head_dim)
+
     def kv_bytes_per_layer(self, n_ctx: int) -> int:
         head_dim = self.head_dim or self.n_embd // max(self.n_head, 1)
         return kv_cache_bytes(n_ctx, self.n_head_kv, head_dim,
                               bytes_per_elem=self.kv_bytes_per_elem)
+
+    def kv_bytes(self, n_ctx: int) -> int:
+        """The whole model's KV cache for `n_ctx` tokens (all sequences)."""
+        return self.kv_bytes_per_layer(n_ctx) * self.n_layers
 
     def layer_bytes(self) -> int:
         # Embeddings and output head live outside the repeating layers; they
@@ -51,6 +63,13 @@ def plan_gpu_layers(shape: ModelShape, free_vram_bytes: list[int], n_ctx: int,
     if per_layer * shape.n_layers + head <= budget:
         return shape.n_layers + 1
     return max(0, min(shape.n_layers, budget // per_layer))
+
+
+def kv_slots(shape: ModelShape, n_ctx_seq: int, budget_bytes: int) -> int:
+    """How many sequences of `n_ctx_seq` tokens fit their KV cache in
+    `budget_bytes`: the figure a smaller KV type raises."""
+    per_slot = shape.kv_bytes(n_ctx_seq)
+    return budget_bytes // per_slot if per_slot > 0 else 0
 
 
 def parse_gpu_layers(value: str | int) -> int | None:

@@ -63,7 +63,7 @@ class PrefixCache:
             "path": str(llm.resolved.path),
             "sha256": file_identity(Path(llm.resolved.path), entry.sha256 if entry else None),
             "n_ctx_seq": engine.n_ctx_seq, "n_seq_max": engine.max_num_seqs,
-            "kv_type": "f16", "flash_attn": engine.flash_attn, "rope": "model",
+            "kv_type": engine.ctx.cfg.kv_type, "flash_attn": engine.flash_attn, "rope": "model",
             "llama_cpp": LLAMA_CPP_VERSION, "format": 1,
         }
         self.disk = DiskStore(config.cache_dir() / "prefix", identity, budget)

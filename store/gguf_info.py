@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from llmctl.errors import BadModelFile
+from llmctl.kv_types import KV_TYPES, kv_bytes_per_elem  # noqa: F401 (re-exported)
 from llmctl.store.gguf_header import read_header
 
 # llama.cpp's gguf-split naming: `<stem>-00001-of-00003.gguf`.
@@ -70,10 +71,11 @@ class GGUFInfo:
         d.pop("chat_template")
         return d
 
-    def kv_cache_bytes(self, n_ctx: int, bytes_per_elem: float = 2.0) -> int:
-        """The whole model's KV cache at `n_ctx` tokens."""
+    def kv_cache_bytes(self, n_ctx: int, kv_type: str = "f16") -> int:
+        """The whole model's KV cache at `n_ctx` tokens of `kv_type`.
+        Raises ValueError for an unknown type."""
         return kv_cache_bytes(n_ctx, self.n_head_kv or self.n_head, self.head_dim,
-                              self.n_layers, bytes_per_elem)
+                              self.n_layers, kv_bytes_per_elem(kv_type))
 
 
 def read_gguf_info(path: str | Path) -> GGUFInfo:

@@ -8,8 +8,8 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmctl.errors import ModelNotFound, PathEscape
-from llmctl.store.gguf_info import read_gguf_info, split_stem
+from llmctl.errors import ModelNotFound, PathEscape, UsageError
+from llmctl.store.gguf_info import kv_bytes_per_elem, read_gguf_info, split_stem
 from llmctl.store.index import ModelEntry, StoreIndex
 from llmctl.store.registry import load_registry
 from llmctl.store.resolve import resolve_model
@@ -31,18 +31,26 @@ def list_models(index: StoreIndex | None = None) -> Listing:
     return Listing(local, available)
 
 
-def show_model(model: str, ctx_size: int | None = None) -> dict:
+def show_model(model: str, ctx_size: int | None = None, kv_type: str = "f16") -> dict:
+    """What `llmctl show` prints: the GGUF's metadata and the memory one
+    sequence of `ctx_size` tokens needs with a `kv_type` cache. Raises
+    UsageError for an unknown KV type, and what resolve_model and
+    read_gguf_info raise."""
+    try:
+        kv_bytes_per_elem(kv_type)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     resolved = resolve_model(model)
     info = read_gguf_info(resolved.path)
     ctx = ctx_size or resolved.context or min(info.context_length or 4096, 4096)
-    kv = info.kv_cache_bytes(ctx)
+    kv = info.kv_cache_bytes(ctx, kv_type)
     data = {"name": resolved.name, "path": str(resolved.path), **info.to_dict()}
     if resolved.entry is not None:
         data["sha256"] = resolved.entry.sha256
         data["source"] = resolved.entry.source
     data["has_chat_template"] = bool(info.chat_template)
-    data["memory"] = {"ctx_size": ctx, "weights_bytes": info.size, "kv_cache_bytes": kv,
-                      "total_bytes": info.size + kv}
+    data["memory"] = {"ctx_size": ctx, "kv_type": kv_type, "weights_bytes": info.size,
+                      "kv_cache_bytes": kv, "total_bytes": info.size + kv}
     return data
 
 

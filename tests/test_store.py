@@ -87,3 +87,8 @@ def test_kv_estimate_matches_shape(model_path):
     info = read_gguf_info(model_path)
     # 30 layers x 3 KV heads x 64 dims x K and V x 2 bytes per token.
     assert info.kv_cache_bytes(1000) == 30 * 3 * 64 * 2 * 2 * 1000
+    # ggml blocks of 32: q8_0 is 34 bytes per block, q4_0 18.
+    assert info.kv_cache_bytes(1000, "q8_0") == 30 * 3 * 64 * 2 * 1000 * 34 // 32
+    assert info.kv_cache_bytes(1000, "q4_0") == 30 * 3 * 64 * 2 * 1000 * 18 // 32
+    with pytest.raises(ValueError, match="f16, q8_0, q4_0"):
+        info.kv_cache_bytes(1000, "q5_1")
