@@ -29,8 +29,10 @@ COMMANDS = {
     "pull": ("pull", "Download a model from the Hugging Face Hub into the local store."),
     "quantize": ("quantize",
                  "Quantize a model to GGUF (Q4_K_M, Q8_0 or any llama.cpp type) and register it."),
-    "serve": ("serve", "Serve a model over an OpenAI-compatible API "
-                       "(/v1/chat/completions, /v1/completions)."),
+    "serve": ("serve", "Serve models over OpenAI's and Ollama's APIs, loading them on demand."),
+    "ps": ("remote", "Show the models a running server has loaded: memory, context, slots\n"
+                     "in use, idle time and when each unloads."),
+    "stop": ("remote", "Unload a model from a running server (requests on it finish first)."),
     "bench": ("bench", "Measure throughput and latency the way the LLM Almanac does: serial,\n"
                        "all-at-once, and a concurrency sweep between."),
     "eval": ("evaluate", "Measure model quality."),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 
 import typer
@@ -9,12 +10,19 @@ from typing_extensions import Annotated
 
 from llmctl.cli import options as o
 from llmctl.cli.common import err, handle_errors
+from llmctl.errors import UsageError
 
 
 class FlashAttn(str, Enum):
     auto = "auto"
     on = "on"
     off = "off"
+
+
+class ReasoningFormat(str, Enum):
+    auto = "auto"
+    deepseek = "deepseek"
+    none = "none"
 
 
 @handle_errors
@@ -42,8 +50,10 @@ def serve(
     flash_attn: Annotated[FlashAttn, typer.Option(
         "--flash-attn", envvar="LLMCTL_FLASH_ATTN",
         help="auto: off while the prefix cache is on, so cache hits give token-identical "
-             "output; on is ~15% faster with the cache, but hits may differ slightly.")
+             "output (on with a quantized --kv-type, which needs it); on is ~15% faster with "
+             "the cache, but hits may differ slightly.")
     ] = FlashAttn.auto,
+    kv_type: o.KvTypeOpt = o.KvType("f16"),
     prefix_cache_size: Annotated[float, typer.Option(
         "--prefix-cache-size", min=0.0, envvar="LLMCTL_PREFIX_CACHE_SIZE",
         help="Disk budget of the prefix KV cache, in GB.")] = 4.0,
@@ -53,31 +63,78 @@ def serve(
     metrics_public: Annotated[bool, typer.Option(
         "--metrics-public", envvar="LLMCTL_METRICS_PUBLIC",
         help="Serve /metrics without the API key (for a Prometheus scraper).")] = False,
+    models_max: Annotated[int, typer.Option(
+        "--models-max", min=1, envvar="LLMCTL_MODELS_MAX",
+        help="Models held loaded at once; the least recently used idle one unloads "
+             "first.")] = 3,
+    memory_budget: Annotated[str, typer.Option(
+        "--memory-budget", envvar="LLMCTL_MEMORY_BUDGET",
+        help="Memory the loaded models may plan to use (weights plus KV cache), e.g. 8GB "
+             "or 512MB; default: the RAM available at start, less 10% (at least 1 GiB).")] = "",
+    keep_alive: Annotated[str, typer.Option(
+        "--keep-alive", envvar="LLMCTL_KEEP_ALIVE",
+        help="How long an idle model stays loaded (30s, 5m, 1h; -1 forever, 0 unload at "
+             "once); a request's keep_alive overrides it. The model named here is kept "
+             "until evicted.")] = "5m",
+    reasoning_format: Annotated[ReasoningFormat, typer.Option(
+        "--reasoning-format", envvar="LLMCTL_REASONING_FORMAT",
+        help="deepseek: a leading <think> block goes to message.reasoning_content; none: it "
+             "stays in the content; auto: deepseek for models whose template thinks.")
+    ] = ReasoningFormat.auto,
     allowed_origins: Annotated[str, typer.Option(
         "--allowed-origins", envvar="LLMCTL_ALLOWED_ORIGINS",
         help="Comma-separated browser origins allowed besides localhost, e.g. "
              "https://app.example.com,https://*.example.org ('*': any).")] = "",
 ) -> None:
-    """Serve a model over an OpenAI-compatible API (/v1/chat/completions, /v1/completions).
+    """Serve models over OpenAI's and Ollama's APIs, loading them on demand.
+
+    Models load on their first request (`model` names any model in the store or
+    models.toml); MODEL, when given, is loaded at start.
 
     Example: llmctl serve smollm2 --port 8000 --max-num-seqs 16
     """
-    # Imported here so that `llmctl --help` does not load the server stack.
-    from llmctl.runtime.llm import LoadOptions
-    from llmctl.server.serve import serve as serve_model
-    from llmctl.server.state import HttpPolicy
+    # Imported here so that `llmctl --help` does not load the server stack;
+    # the options are checked before the server stack is imported.
+    from llmctl.runtime.config import LoadOptions
 
     load = LoadOptions(ctx_size=ctx_size, threads=threads,
                        n_gpu_layers=n_gpu_layers, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_num_batched_tokens, max_queue=max_queue,
                        prefix_cache=not no_prefix_cache, prefix_cache_size_gb=prefix_cache_size,
-                       flash_attn={"auto": None, "on": True, "off": False}[flash_attn.value])
+                       flash_attn={"auto": None, "on": True, "off": False}[flash_attn.value],
+                       kv_type=kv_type.value)
+    from llmctl.runtime.pool import parse_keep_alive
+    from llmctl.server.serve import PoolSettings
+    from llmctl.server.serve import serve as serve_model
+    from llmctl.server.state import HttpPolicy
+
+    try:
+        keep = parse_keep_alive(keep_alive)
+    except ValueError as e:
+        raise UsageError(f"--keep-alive {e}") from None
+    settings = PoolSettings(models_max=models_max, keep_alive_s=keep,
+                            memory_budget=parse_bytes(memory_budget, "--memory-budget")
+                            if memory_budget else None,
+                            reasoning_format=reasoning_format.value)
     policy = HttpPolicy(api_key=api_key or None, metrics_public=metrics_public,
                         allowed_origins=tuple(origin.strip() for origin in allowed_origins.split(",")
                                               if origin.strip()),
                         max_body_bytes=int(max_body_mb * (1 << 20)))
-    serve_model(model, host, port, load, policy,
+    serve_model(model, host, port, load, policy, settings=settings,
                 on_ready=lambda url: err.print(f"Serving on {url}/v1 (Ctrl-C to stop)"))
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_bytes(text: str, flag: str) -> int:
+    """`8GB`, `512MiB`, `1.5 GB` or plain bytes. Raises UsageError naming `flag`."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m and _SIZE_UNITS.get(m.group(2).lower())
+    if not unit or float(m.group(1)) <= 0:
+        raise UsageError(f"{flag} {text!r} is not a size (use e.g. 8GB, 512MB, 2GiB)")
+    return int(float(m.group(1)) * unit)
 
 
 def register(app: typer.Typer) -> None:

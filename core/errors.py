@@ -139,6 +139,24 @@ class ModelLoading(LlmctlError):
     code = "model_loading"
 
 
+class ModelsBusy(LlmctlError):
+    """No loaded model was idle long enough to make room for another one;
+    the request may be retried."""
+
+    http_status = 503
+    error_type = "service_unavailable"
+    code = "models_busy"
+
+
+class ModelTooLarge(LlmctlError):
+    """The model alone needs more memory than the budget allows."""
+
+    exit_code = 7
+    http_status = 507
+    error_type = "insufficient_storage"
+    code = "model_too_large"
+
+
 class ServeFailed(LlmctlError):
     """`llmctl serve` exited or never became healthy."""
 

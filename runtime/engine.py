@@ -22,6 +22,7 @@ from llmctl.runtime.backend import ContextConfig, LlamaContext, LlamaModel, Samp
 from llmctl.runtime.config import EngineShape, LoadOptions
 from llmctl.runtime.detok import StopMatcher, Utf8Stream
 from llmctl.runtime.events import ErrorEvent, FinishEvent, TokenEvent, Usage
+from llmctl.runtime.logprobs import TokenLogprob, token_logprob
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.scheduler import Scheduler, SchedulerConfig, Work
 from llmctl.runtime.sequence import Sequence, Status
@@ -38,6 +39,8 @@ class _Stream:
         self.sampler = Sampler(model, seq.params, seed)
         self.utf8 = Utf8Stream()
         self.stops = StopMatcher(seq.params.stop)
+        # Log-probabilities of tokens whose text is still held back.
+        self.logprobs: list[TokenLogprob] = []
 
 
 class Engine:
@@ -189,32 +192,41 @@ class Engine:
             return
         if self.prefix_cache is not None and not seq.output:
             self.prefix_cache.on_prefilled(self.ctx, seq)
-        token = self._streams[seq.id].sampler.sample(self.ctx, row)
-        self._accept(seq, token)
+        stream = self._streams[seq.id]
+        token = stream.sampler.sample(self.ctx, row)
+        n_top = seq.params.logprobs
+        lp = None if n_top is None else \
+            token_logprob(self.ctx.logits(row), token, n_top, self.model.piece)
+        self._accept(seq, token, lp)
 
-    def _accept(self, seq: Sequence, token: int) -> None:
+    def _accept(self, seq: Sequence, token: int, lp: TokenLogprob | None = None) -> None:
         stream = self._streams[seq.id]
         self.scheduler.on_token(seq, token)
         is_eog = self.model.is_eog(token)
         reason = Scheduler.stop_reason(seq, token, is_eog, self.n_ctx_seq)
         if not (is_eog and reason == "stop"):
+            if lp is not None:
+                stream.logprobs.append(lp)
             text, hit = stream.stops.feed(stream.utf8.feed(self.model.piece(token)))
             if text:
-                seq.emit(TokenEvent(text, token))
+                seq.emit(TokenEvent(text, token, stream.logprobs))
+                stream.logprobs = []
             if hit:
                 seq.finish_reason = "stop"
                 reason = "stop"
                 stream.stops = StopMatcher(())   # drop held text: it was the stop
+                stream.logprobs = []             # and these tokens wrote it
         if reason:
             self._finish(seq, reason)
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         stream = self._streams.pop(seq.id, None)
-        tail = ""
+        tail, tail_logprobs = "", []
         if stream is not None:
             if reason != "cancelled":
                 tail, _ = stream.stops.feed(stream.utf8.flush())
                 tail += stream.stops.flush()
+                tail_logprobs = stream.logprobs if tail else []
             stream.sampler.close()
         park = None
         if seq.status.has_slot:
@@ -231,7 +243,7 @@ class Engine:
             reason=seq.finish_reason or reason,
             usage=Usage(len(seq.prompt), len(seq.output), seq.n_cached),
             ttft_s=first - seq.arrived, duration_s=now - seq.arrived,
-            decode_s=now - first, tail=tail))
+            decode_s=now - first, tail=tail, logprobs=tail_logprobs))
 
     def _fail(self, seq: Sequence, error: BaseException) -> None:
         """End one request with an error event; never raises."""

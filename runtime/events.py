@@ -3,9 +3,13 @@ TokenEvents, then exactly one FinishEvent or ErrorEvent."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from llmctl.errors import LlmctlError
+
+if TYPE_CHECKING:
+    from llmctl.runtime.logprobs import TokenLogprob
 
 
 @dataclass
@@ -23,6 +27,9 @@ class Usage:
 class TokenEvent:
     text: str
     token: int
+    # With SamplingParams.logprobs: the tokens whose text this event
+    # releases (text held back for UTF-8 or a stop string comes later).
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 @dataclass
@@ -33,6 +40,7 @@ class FinishEvent:
     duration_s: float           # arrival to finish
     decode_s: float = 0.0       # first token to finish
     tail: str = ""              # text released at the end (held-back bytes)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # the tail's tokens
 
     @property
     def tokens_per_s(self) -> float:

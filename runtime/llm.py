@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from llmctl.errors import ContextOverflow, InvalidParams
@@ -15,6 +15,7 @@ from llmctl.runtime.bridge import EventBridge
 from llmctl.runtime.config import EngineShape, LoadOptions
 from llmctl.runtime.engine import Engine
 from llmctl.runtime.events import ErrorEvent, FinishEvent, TokenEvent, Usage
+from llmctl.runtime.logprobs import TokenLogprob
 from llmctl.runtime.prefix_cache import PrefixCache
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.sequence import Sequence
@@ -42,6 +43,7 @@ class Completion:
     ttft_s: float
     tokens_per_s: float
     duration_s: float
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # with params.logprobs
 
 
 def _gpu_layers(resolved: ResolvedModel, opts: LoadOptions, n_ctx: int) -> int:
@@ -138,15 +140,17 @@ class LLM:
                  on_text: Callable[[str], None] | None = None) -> Completion:
         """Generate to the end; `on_text` sees each piece as it streams."""
         parts: list[str] = []
+        logprobs: list[TokenLogprob] = []
         for event in self.stream(tokens, params):
             text = event.text if isinstance(event, TokenEvent) else event.tail
+            logprobs += event.logprobs
             if text:
                 parts.append(text)
                 if on_text:
                     on_text(text)
             if isinstance(event, FinishEvent):
                 return Completion("".join(parts), event.reason, event.usage, event.ttft_s,
-                                  event.tokens_per_s, event.duration_s)
+                                  event.tokens_per_s, event.duration_s, logprobs)
         raise RuntimeError("engine stream ended without a finish event")
 
     def open_stream(self, tokens: list[int], params: SamplingParams) -> "AsyncStream":

@@ -14,6 +14,8 @@ from llmctl.errors import InvalidParams
 MAX_GRAMMAR_CHARS = 200_000
 MAX_TRIGGERS = 16
 MAX_LOGIT_BIAS = 1024
+# OpenAI allows 20 alternatives per token; each costs a detokenize per step.
+MAX_TOP_LOGPROBS = 20
 
 
 def _number(name: str, value: Any, *, integer: bool = False) -> None:
@@ -47,6 +49,8 @@ class SamplingParams:
     grammar_triggers: tuple[str, ...] = field(default_factory=tuple)
     # (token id, bias added to its logit), sorted by id; a dict is accepted.
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    # None: no log-probabilities; k >= 0: each token's, with its k best rivals.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -85,6 +89,11 @@ class SamplingParams:
                 raise InvalidParams("max_tokens must be >= 1", param="max_tokens")
         if self.seed is not None:
             _number("seed", self.seed, integer=True)
+        if self.logprobs is not None:
+            _number("logprobs", self.logprobs, integer=True)
+            if not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+                raise InvalidParams(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]",
+                                    param="logprobs")
         if len(self.stop) > 16 or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidParams("stop must be up to 16 non-empty strings", param="stop")
         self._validate_grammar()

@@ -51,6 +51,11 @@ class Stats:
     ttft: Histogram
     itl: Histogram
 
+    def idle(self) -> "Stats":
+        """This snapshot's counters with its gauges at zero (an unloaded model)."""
+        return Stats(0, 0, 0, 0, dict(self.requests), self.prompt_tokens, self.cached_tokens,
+                     self.cached_tokens_disk, self.generation_tokens, self.ttft, self.itl)
+
     @property
     def cached_tokens_memory(self) -> int:
         return self.cached_tokens - self.cached_tokens_disk
@@ -99,3 +104,30 @@ class StatsCollector:
             return Stats(running, waiting, parked, free, dict(self.requests), self.prompt_tokens,
                          self.cached_tokens, self.cached_tokens_disk, self.generation_tokens,
                          self.ttft.copy(), self.itl.copy())
+
+
+def _merged(hists: list[Histogram], buckets: tuple[float, ...]) -> Histogram:
+    out = Histogram(buckets)
+    for h in hists:
+        out.counts = [a + b for a, b in zip(out.counts, h.counts)]
+        out.total += h.total
+        out.n += h.n
+    return out
+
+
+def combine(snapshots: list[Stats]) -> Stats:
+    """One snapshot adding up several engines' (a server's models, and
+    those it has unloaded: counters must never go down)."""
+    requests = dict.fromkeys(OUTCOMES, 0)
+    for s in snapshots:
+        for k, v in s.requests.items():
+            requests[k] = requests.get(k, 0) + v
+
+    def total(attr: str) -> int:
+        return sum(getattr(s, attr) for s in snapshots)
+
+    return Stats(total("running"), total("waiting"), total("parked_slots"), total("free_slots"),
+                 requests, total("prompt_tokens"), total("cached_tokens"),
+                 total("cached_tokens_disk"), total("generation_tokens"),
+                 _merged([s.ttft for s in snapshots], TTFT_BUCKETS),
+                 _merged([s.itl for s in snapshots], ITL_BUCKETS))

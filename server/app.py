@@ -1,13 +1,13 @@
 """The FastAPI application: error mapping, access control and the routes.
-Handlers live in info_routes.py and completions.py; no generation logic
-lives in the server at all."""
+Handlers live in info_routes.py, completions.py and ollama*.py (Ollama's
+/api/*); no generation logic lives in the server at all."""
 
 from __future__ import annotations
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from llmctl.server import completions, errors, info_routes
+from llmctl.server import completions, errors, info_routes, ollama
 from llmctl.server.middleware import AccessGuard, OriginGuard
 from llmctl.server.state import ServerState
 
@@ -28,4 +28,5 @@ def create_app(state: ServerState, bind_host: str | None = None) -> FastAPI:
     app.add_middleware(OriginGuard, policy=state.policy, bind_host=bind_host)
     app.include_router(info_routes.router)
     app.include_router(completions.router)
+    app.include_router(ollama.router)
     return app

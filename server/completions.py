@@ -10,16 +10,21 @@ import json
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from llmctl import config
-from llmctl.errors import InvalidParams, ModelNotFound
-from llmctl.runtime.events import ErrorEvent, FinishEvent, TokenEvent
+from llmctl.errors import InvalidParams
+from llmctl.runtime.events import ErrorEvent, FinishEvent, TokenEvent, Usage
 from llmctl.runtime.llm import LLM, AsyncStream
+from llmctl.runtime.pool import Lease
+from llmctl.runtime.reasoning import THINK_OPEN, opens_thought
+from llmctl.runtime.sampling import SamplingParams
 from llmctl.server import errors
 from llmctl.server.body import json_body
 from llmctl.server.chat_output import ChatShaper
-from llmctl.server.protocol import ParsedRequest, ResponseIds, finish_reason, parse_request
-from llmctl.server.state import state_of
+from llmctl.server.choices import ChoiceWriter
+from llmctl.server.protocol import ParsedRequest, ResponseIds, parse_request
+from llmctl.server.state import ServerState, state_of
 
 router = APIRouter()
 
@@ -55,107 +60,195 @@ def _sse(obj: dict) -> str:
 async def _generate(request: Request, chat: bool) -> Response:
     state = state_of(request)
     req = parse_request(await json_body(request), chat, state.defaults)
-    llm = state.ready()
-    if req.model is not None and req.model not in state.aliases:
-        raise ModelNotFound(f"model {req.model!r} is not served here; this server serves "
-                            f"{state.name!r}", param="model")
+    lease = await state.lease(req.model, req.keep_alive)
+    try:
+        response = await _respond(request, state, req, lease, chat)
+    except BaseException:
+        lease.release()
+        raise
+    if not isinstance(response, StreamingResponse):
+        lease.release()
+    return response
+
+
+async def _respond(request: Request, state: ServerState, req: ParsedRequest, lease: Lease,
+                   chat: bool) -> Response:
+    """The response on a leased model; a streaming one releases the lease
+    when its stream ends."""
+    llm = lease.llm
     fmt = llm.template.tool_format
     params = req.structured.sampling(req.params, fmt)
     # Rendering and tokenizing a large prompt takes a while: off the loop.
     tokens = await asyncio.to_thread(_prompt_tokens, llm, req)
-    stream = llm.open_stream(tokens, params)
-    watcher = asyncio.create_task(_cancel_on_disconnect(request, stream))
-    reply = _Reply(ResponseIds(state.name, chat),
-                   ChatShaper(req.structured.setup(fmt)) if chat else None, req.include_usage)
+    streams = _open_streams(llm, tokens, params, req.n)
+    watcher = asyncio.create_task(cancel_on_disconnect(request, streams))
+    setup = req.structured.setup(
+        fmt, state.reasoning_format, thinks=THINK_OPEN in llm.template.source,
+        started_in_thought=chat and opens_thought(llm.model.detokenize(tokens[-8:])))
+    writers = [ChoiceWriter(i, ChatShaper(setup) if chat else None,
+                            params.logprobs is not None) for i in range(req.n)]
+    reply = _Reply(ResponseIds(lease.name, chat), writers, req.include_usage)
     if req.stream:
-        return StreamingResponse(_stream(stream, watcher, reply),
+        # The stream releases the lease when it ends; the background task
+        # also does, should the stream never start (release is idempotent).
+        return StreamingResponse(_stream(_Merged(streams), watcher, reply, lease),
                                  media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+                                 headers={"Cache-Control": "no-cache"},
+                                 background=BackgroundTask(lease.release))
     try:
-        return await _collect(stream, reply)
+        return await _collect(_Merged(streams), reply)
     finally:
         watcher.cancel()
+        _close(streams)
+
+
+def _open_streams(llm: LLM, tokens: list[int], params: SamplingParams,
+                  n: int) -> list[AsyncStream]:
+    """n requests for one prompt, submitted together so the prefix sharing
+    computes the prompt once. A request seed gives choice i seed + i: the
+    same answers on a rerun, not n copies of one answer."""
+    streams: list[AsyncStream] = []
+    try:
+        for i in range(n):
+            seed = None if params.seed is None else (params.seed + i) & 0xFFFFFFFF
+            streams.append(llm.open_stream(tokens, params if i == 0 else
+                                           params.replace(seed=seed)))
+    except BaseException:
+        _close(streams)
+        raise
+    return streams
+
+
+def _close(streams: list[AsyncStream]) -> None:
+    for stream in streams:
         stream.close()
 
 
-async def _cancel_on_disconnect(request: Request, stream: AsyncStream) -> None:
+async def cancel_on_disconnect(request: Request, streams: list[AsyncStream]) -> None:
     """Cancel the request the moment its client hangs up, streaming or not:
     an abandoned request must not hold a slot until it would have ended."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            stream.close()
+            _close(streams)
             return
 
 
-class _Reply:
-    """One response's frames: OpenAI's chunks or whole body, with the chat
-    answer read through a ChatShaper (tool calls, reasoning)."""
+class _Merged:
+    """The events of n streams as (choice index, event) pairs in arrival
+    order. One stream is read directly; several through a pump task each."""
 
-    def __init__(self, ids: ResponseIds, shaper: ChatShaper | None, include_usage: bool):
-        self.ids, self.shaper, self.include_usage = ids, shaper, include_usage
+    def __init__(self, streams: list[AsyncStream]):
+        self.streams = streams
+        self._queue: asyncio.Queue | None = None
+        self._pumps: list[asyncio.Task] = []
+
+    @property
+    def done(self) -> bool:
+        return all(s.done for s in self.streams) and (self._queue is None
+                                                       or self._queue.empty())
+
+    async def next_batch(self, timeout: float | None = None) -> list[tuple[int, object]]:
+        """Raises asyncio.TimeoutError when nothing comes within `timeout`."""
+        if len(self.streams) == 1:
+            return [(0, e) for e in await self.streams[0].next_batch(timeout)]
+        if self._queue is None:
+            self._queue = asyncio.Queue()
+            self._pumps = [asyncio.create_task(self._pump(i, s))
+                           for i, s in enumerate(self.streams)]
+        async with asyncio.timeout(timeout or None):
+            batch = [await self._queue.get()]
+        while not self._queue.empty():
+            batch.append(self._queue.get_nowait())
+        return batch
+
+    async def _pump(self, index: int, stream: AsyncStream) -> None:
+        while not stream.done:
+            for event in await stream.next_batch():
+                self._queue.put_nowait((index, event))
+
+    def close(self) -> None:
+        for task in self._pumps:
+            task.cancel()
+        _close(self.streams)
+
+
+def _total(usages: list[Usage]) -> Usage:
+    """One response's usage: the prompt counts once (the choices share it and
+    its cache use), the completions add up."""
+    first = usages[0]
+    return Usage(first.prompt_tokens, sum(u.completion_tokens for u in usages),
+                 first.cached_tokens)
+
+
+class _Reply:
+    """One response's frames: OpenAI's chunks or whole body, one
+    ChoiceWriter per choice."""
+
+    def __init__(self, ids: ResponseIds, writers: list[ChoiceWriter], include_usage: bool):
+        self.ids, self.writers, self.include_usage = ids, writers, include_usage
+        self.usages: list[Usage | None] = [None] * len(writers)
 
     def first(self) -> str:
-        return _sse(self.ids.chunk("", first=True))
+        choices = [c for w in self.writers if (c := w.first()) is not None]
+        return _sse(self.ids.chunk(choices)) if choices else ""
 
-    def frames(self, event) -> str:
-        """The SSE frames for one event."""
-        ids, shaper = self.ids, self.shaper
-        if isinstance(event, TokenEvent):
-            if shaper is None:
-                return _sse(ids.chunk(event.text))
-            return "".join(_sse(ids.delta_chunk(d)) for d in shaper.feed(event.text))
+    def frames(self, batch: list[tuple[int, object]]) -> tuple[str, bool]:
+        """The SSE frames for a batch of events, and whether the stream ends."""
         frames = []
-        if isinstance(event, FinishEvent):
-            if shaper is None:
-                frames += [_sse(ids.chunk(event.tail))] if event.tail else []
-                frames.append(_sse(ids.chunk(None, finish_reason(event.reason))))
-            else:
-                frames += [_sse(ids.delta_chunk(d)) for d in shaper.finish(event.tail)]
-                frames.append(_sse(ids.delta_chunk({}, shaper.finish_reason(event.reason))))
-            if self.include_usage:
-                frames.append(_sse(ids.usage_chunk(event.usage)))
-        elif isinstance(event, ErrorEvent):
-            e = event.error
-            frames.append(_sse(errors.error_body(e.message, e.error_type, e.code)))
+        for index, event in batch:
+            if isinstance(event, ErrorEvent):
+                e = event.error
+                frames.append(_sse(errors.error_body(e.message, e.error_type, e.code)))
+                return "".join(frames) + "data: [DONE]\n\n", True
+            frames += [_sse(self.ids.chunk([c])) for c in self.writers[index].chunks(event)]
+            if isinstance(event, FinishEvent):
+                self.usages[index] = event.usage
+        if any(u is None for u in self.usages):
+            return "".join(frames), False
+        if self.include_usage:
+            frames.append(_sse(self.ids.usage_chunk(_total(self.usages))))
         frames.append("data: [DONE]\n\n")
-        return "".join(frames)
-
-    def whole(self, text: str, event: FinishEvent) -> dict:
-        if self.shaper is None:
-            return self.ids.full(text, finish_reason(event.reason), event.usage)
-        message = self.shaper.message(text)
-        return self.ids.full_message(message, self.shaper.finish_reason(event.reason),
-                                     event.usage)
+        return "".join(frames), True
 
 
-async def _stream(stream: AsyncStream, watcher: asyncio.Task, reply: _Reply):
+async def _stream(merged: _Merged, watcher: asyncio.Task, reply: _Reply, lease: Lease):
     try:
         yield reply.first()
-        while not stream.done:
+        ended = False
+        while not ended:
             try:
-                events = await stream.next_batch(timeout=KEEPALIVE_S)
+                batch = await merged.next_batch(timeout=KEEPALIVE_S)
             except asyncio.TimeoutError:
                 yield ": keep-alive\n\n"
                 continue
             # Events that queued up while we were sending go out in one
             # write: fewer syscalls and wake-ups, same chunks for the client.
-            yield "".join(reply.frames(event) for event in events)
+            frames, ended = reply.frames(batch)
+            yield frames
     finally:
         watcher.cancel()
-        stream.close()
+        merged.close()
+        lease.release()
 
 
-async def _collect(stream: AsyncStream, reply: _Reply) -> Response:
-    parts: list[str] = []
-    while True:
-        for event in await stream.next_batch():
-            if isinstance(event, TokenEvent):
-                parts.append(event.text)
-            elif isinstance(event, FinishEvent):
-                if event.reason == "cancelled":    # the client is gone: nobody reads this
-                    return Response(status_code=499)
-                parts.append(event.tail)
-                return JSONResponse(reply.whole("".join(parts), event))
-            elif isinstance(event, ErrorEvent):
+async def _collect(merged: _Merged, reply: _Reply) -> Response:
+    n = len(reply.writers)
+    parts: list[list[str]] = [[] for _ in range(n)]
+    logprobs: list[list] = [[] for _ in range(n)]
+    choices: list[dict | None] = [None] * n
+    while any(c is None for c in choices):
+        for index, event in await merged.next_batch():
+            if isinstance(event, ErrorEvent):
                 raise event.error
+            logprobs[index] += event.logprobs
+            if isinstance(event, TokenEvent):
+                parts[index].append(event.text)
+                continue
+            if event.reason == "cancelled":    # the client is gone: nobody reads this
+                return Response(status_code=499)
+            parts[index].append(event.tail)
+            reply.usages[index] = event.usage
+            choices[index] = reply.writers[index].whole("".join(parts[index]), event,
+                                                        logprobs[index])
+    return JSONResponse(reply.ids.body(choices, _total(reply.usages)))

@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from llmctl.errors import LlmctlError, QueueFull
+from llmctl.errors import LlmctlError, ModelsBusy, QueueFull
 
 log = logging.getLogger("llmctl.server")
 
@@ -21,8 +21,14 @@ def error_body(message: str, etype: str, code: str | None = None, param: str | N
     return {"error": {"message": message, "type": etype, "param": param, "code": code}}
 
 
+def retry_headers(e: LlmctlError) -> dict | None:
+    """Retry-After for the errors that pass on their own: a slot frees, an
+    idle model unloads."""
+    return {"Retry-After": "1"} if isinstance(e, (QueueFull, ModelsBusy)) else None
+
+
 def error_response(e: LlmctlError) -> JSONResponse:
-    headers = {"Retry-After": "1"} if isinstance(e, QueueFull) else None
+    headers = retry_headers(e)
     return JSONResponse(error_body(e.message, e.error_type, e.code, e.param),
                         status_code=e.http_status, headers=headers)
 

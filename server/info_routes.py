@@ -7,7 +7,7 @@ import asyncio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from llmctl.errors import InvalidParams, LlmctlError
+from llmctl.errors import InvalidParams
 from llmctl.server.body import json_body
 from llmctl.server.metrics import render as render_metrics
 from llmctl.server.state import state_of
@@ -18,33 +18,37 @@ router = APIRouter()
 @router.get("/health")
 async def health(request: Request):
     state = state_of(request)
-    try:
-        state.ready()
-    except LlmctlError as e:
-        status = "loading" if state.llm is None and not state.load_error else "error"
-        return JSONResponse({"status": status, "error": None if status == "loading" else e.message},
-                            status_code=503)
-    return {"status": "ok", "model": state.name}
+    status, why = state.health()
+    if status != "ok":
+        return JSONResponse({"status": status, "error": why}, status_code=503)
+    return {"status": "ok", "model": state.default,
+            "models": [e.name for e in state.pool.loaded() if not e.loading]}
 
 
 @router.get("/v1/models")
 async def models(request: Request):
+    """The models this server serves now: those loaded and those named on
+    its command line. /api/tags lists every model in the store."""
     state = state_of(request)
-    return {"object": "list", "data": [{"id": state.name, "object": "model",
-                                         "created": int(state.started), "owned_by": "llmctl"}]}
+    names = dict.fromkeys([e.name for e in state.pool.loaded()] + state.pool.named())
+    return {"object": "list", "data": [{"id": name, "object": "model",
+                                         "created": int(state.started), "owned_by": "llmctl"}
+                                        for name in names]}
 
 
 @router.get("/metrics")
 async def metrics(request: Request):
-    state = state_of(request)
-    stats = (state.llm or state.ready()).stats()   # still readable after an engine failure
-    return PlainTextResponse(render_metrics(stats), media_type="text/plain; version=0.0.4")
+    pool = state_of(request).pool
+    # Every model's counters, and those of models already unloaded.
+    return PlainTextResponse(render_metrics(pool.stats(), len(pool.loaded())),
+                             media_type="text/plain; version=0.0.4")
 
 
 @router.get("/stats")
 async def stats(request: Request):
     state = state_of(request)
-    return {"model": state.name, **(state.llm or state.ready()).stats().as_dict()}
+    per_model = {e.name: e.llm.stats().as_dict() for e in state.pool.loaded() if e.llm}
+    return {"model": state.default, **state.pool.stats().as_dict(), "models": per_model}
 
 
 # llama-server's tokenizer endpoints, so benchmarks can build prompts of
@@ -55,20 +59,28 @@ async def tokenize(request: Request):
     content = body.get("content")
     if not isinstance(content, str):
         raise InvalidParams("'content' must be a string", param="content")
-    model = state_of(request).ready().model
-    # Off the event loop: a large text would stall every stream meanwhile.
-    tokens = await asyncio.to_thread(model.tokenize, content,
-                                     add_special=bool(body.get("add_special", False)),
-                                     parse_special=True)
+    with await state_of(request).lease(_model_field(body)) as lease:
+        # Off the event loop: a large text would stall every stream meanwhile.
+        tokens = await asyncio.to_thread(lease.llm.model.tokenize, content,
+                                         add_special=bool(body.get("add_special", False)),
+                                         parse_special=True)
     return {"tokens": tokens}
 
 
 @router.post("/detokenize")
 async def detokenize(request: Request):
     body = await json_body(request)
-    model = state_of(request).ready().model
-    tokens = body.get("tokens")
-    if not isinstance(tokens, list) or not all(
-            type(t) is int and 0 <= t < model.n_vocab for t in tokens):
-        raise InvalidParams("'tokens' must be a list of token ids", param="tokens")
-    return {"content": model.detokenize(tokens)}
+    with await state_of(request).lease(_model_field(body)) as lease:
+        model = lease.llm.model
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(
+                type(t) is int and 0 <= t < model.n_vocab for t in tokens):
+            raise InvalidParams("'tokens' must be a list of token ids", param="tokens")
+        return {"content": model.detokenize(tokens)}
+
+
+def _model_field(body: dict) -> str | None:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidParams("'model' must be a string", param="model")
+    return model or None

@@ -24,9 +24,10 @@ def _gauge(name: str, value: int, kind: str = "gauge") -> list[str]:
     return [f"# TYPE {_P}_{name} {kind}", f"{_P}_{name} {value}"]
 
 
-def render(stats: Stats) -> str:
-    """The exposition text of one snapshot."""
+def render(stats: Stats, models_loaded: int) -> str:
+    """The exposition text of one snapshot (every model's, added up)."""
     lines = [
+        *_gauge("models_loaded", models_loaded),
         *_gauge("requests_running", stats.running),
         *_gauge("requests_waiting", stats.waiting),
         *_gauge("slots_parked", stats.parked_slots),

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from llmctl.errors import InvalidParams
 from llmctl.runtime.events import Usage
-from llmctl.runtime.sampling import SamplingParams
+from llmctl.runtime.sampling import MAX_TOP_LOGPROBS, SamplingParams
 from llmctl.server.tool_protocol import Structured, parse_structured
 
 _NUMBER = (int, float)
@@ -28,6 +28,9 @@ _SAMPLING_FIELDS = [
     ("ignore_eos", "ignore_eos", (bool,)),
 ]
 _INT32_MAX = 2**31 - 1   # top_k goes to llama.cpp as a C int
+# Choices per request: each is a sequence in the batch, so this bounds what
+# one request can take from everyone else.
+MAX_CHOICES = 16
 
 
 def _given(value: Any) -> bool:
@@ -42,14 +45,12 @@ _UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "function_call": _given,
     "audio": _given,
     "modalities": lambda v: v not in (None, ["text"]),
-    "logprobs": lambda v: v is not None and v is not False,
-    "top_logprobs": lambda v: v is not None and v != 0,
     "echo": lambda v: v is not None and v is not False,
     "suffix": lambda v: v not in (None, ""),
 }
 
 
-def _typed(body: dict, key: str, types: tuple) -> Any:
+def typed_field(body: dict, key: str, types: tuple) -> Any:
     """body[key] if it has one of `types`; None when absent or null (OpenAI:
     null means the default). Raises InvalidParams naming `key` otherwise."""
     value = body.get(key)
@@ -77,14 +78,42 @@ def _json_type(value: Any) -> str:
             float: "a number", bool: "a boolean"}.get(type(value), type(value).__name__)
 
 
-def _count(body: dict, key: str) -> None:
-    """n and best_of: an integer, and only 1 is implemented."""
-    value = _typed(body, key, (int,))
-    if value is None or value == 1:
-        return
-    if value < 1:
-        raise InvalidParams(f"'{key}' must be at least 1", param=key)
-    raise InvalidParams(f"'{key}' > 1 is not supported by llmctl yet", param=key)
+def parse_n(body: dict) -> int:
+    """How many choices to generate (`n`). best_of is accepted only where it
+    changes nothing (equal to n): ranking by log-probability is not built.
+    Raises InvalidParams naming the field."""
+    n = typed_field(body, "n", (int,))
+    n = 1 if n is None else n
+    if not 1 <= n <= MAX_CHOICES:
+        raise InvalidParams(f"'n' must be in [1, {MAX_CHOICES}]", param="n")
+    best_of = typed_field(body, "best_of", (int,))
+    if best_of is not None and best_of != n:
+        raise InvalidParams("'best_of' other than 'n' is not supported by llmctl",
+                            param="best_of")
+    return n
+
+
+def parse_logprobs(body: dict, chat: bool) -> int | None:
+    """SamplingParams.logprobs for a request: None when not asked for, else
+    how many alternatives each token reports. Chat takes `logprobs: true`
+    with `top_logprobs`; completions take `logprobs: N`. Raises
+    InvalidParams naming the field."""
+    if not chat:
+        if body.get("top_logprobs") not in (None, 0):
+            raise InvalidParams("'top_logprobs' is a chat field; /v1/completions takes "
+                                "'logprobs': N", param="top_logprobs")
+        # false is what "off" looks like to clients that send every field.
+        n = None if body.get("logprobs") is False else typed_field(body, "logprobs", (int,))
+    else:
+        wanted = typed_field(body, "logprobs", (bool,))
+        n = typed_field(body, "top_logprobs", (int,))
+        if n is not None and not wanted:
+            raise InvalidParams("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        n = (n or 0) if wanted else None
+    key = "top_logprobs" if chat else "logprobs"
+    if n is not None and not 0 <= n <= MAX_TOP_LOGPROBS:
+        raise InvalidParams(f"'{key}' must be in [0, {MAX_TOP_LOGPROBS}]", param=key)
+    return n
 
 
 def parse_sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
@@ -92,14 +121,14 @@ def parse_sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
     InvalidParams (param: the field) for a wrong type or value out of range."""
     values: dict[str, Any] = {}
     for key, name, types in _SAMPLING_FIELDS:
-        value = _typed(body, key, types)
+        value = typed_field(body, key, types)
         if value is not None:
             values[name] = value
     if values.get("top_k", 0) > _INT32_MAX:
         raise InvalidParams(f"'top_k' must be at most {_INT32_MAX}", param="top_k")
     # max_completion_tokens is OpenAI's newer name; it wins when both are set.
     for key in ("max_tokens", "max_completion_tokens"):
-        max_tokens = _typed(body, key, (int,))
+        max_tokens = typed_field(body, key, (int,))
         if max_tokens is not None:
             if max_tokens < 1:
                 raise InvalidParams(f"'{key}' must be at least 1", param=key)
@@ -111,14 +140,12 @@ def parse_sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
             raise InvalidParams("'stop' must be a string or a list of strings", param="stop")
         values["stop"] = tuple(s for s in stop if s)
-    _count(body, "n")
-    _count(body, "best_of")
     return defaults.replace(**values)
 
 
 def stream_options(body: dict) -> bool:
     """Whether the client asked for a final usage chunk."""
-    opts = _typed(body, "stream_options", (dict,))
+    opts = typed_field(body, "stream_options", (dict,))
     if opts is None:
         return False
     include = opts.get("include_usage")
@@ -131,8 +158,8 @@ def stream_options(body: dict) -> bool:
 def parse_common(body: dict) -> tuple[str | None, bool, bool]:
     """(model, stream, include_usage) of a completion request; model is None
     when absent, null or empty. Raises InvalidParams naming the field."""
-    model = _typed(body, "model", (str,))
-    stream = _typed(body, "stream", (bool,))
+    model = typed_field(body, "model", (str,))
+    stream = typed_field(body, "stream", (bool,))
     return model or None, bool(stream), stream_options(body)
 
 
@@ -157,11 +184,13 @@ class ParsedRequest:
     model: str | None               # None: whatever this server serves
     stream: bool
     include_usage: bool
-    params: SamplingParams
+    n: int                          # choices, each sampled with its own seed
+    params: SamplingParams          # with logprobs set when they were asked for
     structured: Structured          # tools, tool_choice, response_format, logit_bias
     messages: list | None           # chat: as sent; LLM.chat_tokens validates them
     prompt: str | list[int] | None  # completions: text, or token ids >= 0 (the
                                     # caller checks them against the vocabulary)
+    keep_alive: object = None       # Ollama's field, as sent; ServerState.lease checks it
 
 
 def parse_request(body: dict, chat: bool, defaults: SamplingParams) -> ParsedRequest:
@@ -174,14 +203,15 @@ def parse_request(body: dict, chat: bool, defaults: SamplingParams) -> ParsedReq
         if asks(body.get(key)):
             raise InvalidParams(f"'{key}' is not supported by llmctl yet", param=key)
     model, stream, include_usage = parse_common(body)
-    params = parse_sampling(body, defaults)
+    n = parse_n(body)
+    params = parse_sampling(body, defaults).replace(logprobs=parse_logprobs(body, chat))
     structured = parse_structured(body, chat)
+    head = (model, stream, include_usage, n, params, structured)
     if chat:
         if body.get("messages") is None:
             raise InvalidParams("'messages' is required", param="messages")
-        return ParsedRequest(model, stream, include_usage, params, structured,
-                             body["messages"], None)
-    return ParsedRequest(model, stream, include_usage, params, structured, None, _prompt(body))
+        return ParsedRequest(*head, body["messages"], None, body.get("keep_alive"))
+    return ParsedRequest(*head, None, _prompt(body), body.get("keep_alive"))
 
 
 def usage_dict(usage: Usage) -> dict:
@@ -194,7 +224,8 @@ def usage_dict(usage: Usage) -> dict:
 
 
 class ResponseIds:
-    """The fields every object of one response shares."""
+    """The fields every object of one response shares; the choices come
+    from server.choices."""
 
     def __init__(self, model: str, chat: bool):
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
@@ -206,42 +237,15 @@ class ResponseIds:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": "llmctl"}
 
-    def chunk(self, text: str | None, finish: str | None = None, first: bool = False) -> dict:
-        if self.chat:
-            delta: dict = {}
-            if first:
-                delta["role"] = "assistant"
-            if text is not None:
-                delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return {**self._base("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        return {**self._base("text_completion"), "choices": [choice]}
-
-    def delta_chunk(self, delta: dict, finish: str | None = None) -> dict:
-        """A chat chunk carrying one ready-made `delta` object."""
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {**self._base("chat.completion.chunk"), "choices": [choice]}
-
-    def full_message(self, message: dict, finish: str, usage: Usage) -> dict:
-        """A whole chat completion with a ready-made assistant message."""
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-        return {**self._base("chat.completion"), "choices": [choice], "usage": usage_dict(usage)}
+    def chunk(self, choices: list[dict]) -> dict:
+        """A streamed chunk carrying `choices`."""
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {**self._base(obj), "choices": choices}
 
     def usage_chunk(self, usage: Usage) -> dict:
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return {**self._base(obj), "choices": [], "usage": usage_dict(usage)}
+        return {**self.chunk([]), "usage": usage_dict(usage)}
 
-    def full(self, text: str, finish: str, usage: Usage) -> dict:
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": finish}
-            return {**self._base("chat.completion"), "choices": [choice],
-                    "usage": usage_dict(usage)}
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return {**self._base("text_completion"), "choices": [choice], "usage": usage_dict(usage)}
-
-
-def finish_reason(reason: str) -> str:
-    # "cancelled" never reaches a connected client; map defensively anyway.
-    return reason if reason in ("stop", "length") else "stop"
+    def body(self, choices: list[dict], usage: Usage) -> dict:
+        """A whole (non-streamed) response."""
+        obj = "chat.completion" if self.chat else "text_completion"
+        return {**self._base(obj), "choices": choices, "usage": usage_dict(usage)}

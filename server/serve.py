@@ -1,4 +1,4 @@
-"""`llmctl serve`: load a model and serve it until interrupted."""
+"""`llmctl serve`: serve models until interrupted, loading them on demand."""
 
 from __future__ import annotations
 
@@ -7,14 +7,37 @@ import logging
 import socket
 import sys
 import threading
+from dataclasses import dataclass
 from typing import Callable
 
 from llmctl.errors import UsageError
-from llmctl.runtime.llm import LLM, LoadOptions
+from llmctl.runtime.config import LoadOptions
+from llmctl.runtime.pool import FOREVER, ModelPool
 from llmctl.server.app import create_app
 from llmctl.server.state import HttpPolicy, ServerState
 from llmctl.store.registry import load_registry
-from llmctl.store.resolve import resolve_model
+from llmctl.store.resolve import default_model_name, resolve_model
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """How many models the server may hold, and for how long."""
+
+    models_max: int = 3
+    memory_budget: int | None = None    # bytes; None: available RAM less a margin
+    keep_alive_s: float = 300.0         # FOREVER (-1): never unload when idle
+    reasoning_format: str = "auto"
+
+
+def default_memory_budget() -> int:
+    """The RAM available now, less a margin for the OS and the server
+    itself: 10% of the total, at least 1 GiB."""
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return max(vm.available - max(GIB, vm.total // 10), vm.available // 2)
 
 
 def _aliases(name: str, path_stem: str) -> set[str]:
@@ -42,27 +65,43 @@ def _check_port(host: str, port: int) -> None:
 
 
 def serve(model: str | None, host: str, port: int, load: LoadOptions,
-          policy: HttpPolicy | None = None, on_ready: Callable[[str], None] | None = None) -> None:
+          policy: HttpPolicy | None = None, on_ready: Callable[[str], None] | None = None,
+          settings: PoolSettings | None = None) -> None:
+    """Serve until interrupted. With `model` it is loaded at start and kept
+    (LRU eviction aside); without, models load on their first request.
+    Raises UsageError (port in use) and what resolving `model` raises."""
     import uvicorn
 
-    resolved = resolve_model(model)
+    settings = settings or PoolSettings()
+    resolved = resolve_model(model) if model else None
     _check_port(host, port)
-    state = ServerState(name=resolved.name, aliases=_aliases(resolved.name, resolved.path.stem),
-                        policy=policy or HttpPolicy())
+    pool = ModelPool(load, models_max=settings.models_max,
+                     memory_budget=settings.memory_budget or default_memory_budget(),
+                     keep_alive_s=settings.keep_alive_s)
+    if resolved is not None:
+        pool.add_named(resolved, *_aliases(resolved.name, resolved.path.stem))
+    # Without a model on the command line, a request that names none gets
+    # the registry's default (loaded on demand, like any other).
+    state = ServerState(pool, default=resolved.name if resolved else default_model_name(),
+                        policy=policy or HttpPolicy(), preloading=resolved is not None,
+                        reasoning_format=settings.reasoning_format)
     app = create_app(state, bind_host=host)
 
-    def load_model() -> None:
+    def preload() -> None:
         # /health answers 503 while this runs, so orchestrators can wait.
         try:
-            state.llm = LLM(resolved, load)
+            if resolved is not None:
+                pool.acquire(resolved.name, FOREVER).release()
         except Exception as e:  # reported through /health and the log
             state.load_error = str(e)
             logging.getLogger("llmctl.server").error("model failed to load: %s", e)
             return
+        finally:
+            state.preloading = False
         if on_ready:
             on_ready(f"http://{host}:{port}")
 
-    loader = threading.Thread(target=load_model, name="llmctl-load", daemon=True)
+    loader = threading.Thread(target=preload, name="llmctl-load", daemon=True)
     loader.start()
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                             timeout_graceful_shutdown=3)
@@ -70,6 +109,5 @@ def serve(model: str | None, host: str, port: int, load: LoadOptions,
         uvicorn.Server(config).run()
     finally:
         loader.join()
-        if state.llm is not None:
-            state.llm.close()
+        pool.close()
     sys.stderr.flush()

@@ -16,6 +16,8 @@ from llmctl.runtime.tool_calls import ToolFormat
 from llmctl.runtime.tool_schema import ToolChoice, validate_tool_choice, validate_tools
 from llmctl.server.chat_output import ToolSetup
 
+# llama-server's --reasoning-format values that llmctl implements.
+REASONING_FORMATS = ("auto", "deepseek", "none")
 # The text a Hermes-style model writes to open a call: a lazy grammar starts there.
 _TRIGGERS = {ToolFormat.HERMES: "<tool_call>"}
 
@@ -29,6 +31,7 @@ class Structured:
     parallel: bool = True
     grammar: str | None = None          # from response_format
     logit_bias: tuple[tuple[int, float], ...] = ()
+    reasoning_format: str | None = None     # None: the server's
 
     def sampling(self, params: SamplingParams, fmt: ToolFormat) -> SamplingParams:
         """`params` with the grammar and biases this request needs. Raises
@@ -48,12 +51,22 @@ class Structured:
         return replace(params, grammar=grammar, grammar_triggers=triggers,
                        logit_bias=self.logit_bias or params.logit_bias)
 
-    def setup(self, fmt: ToolFormat) -> ToolSetup | None:
-        """How to parse the answer; None when it is plain text."""
-        if not self.tools:
+    def setup(self, fmt: ToolFormat, reasoning: str, *, thinks: bool = False,
+              started_in_thought: bool = False) -> ToolSetup | None:
+        """How to read the answer; None when it is plain text. `reasoning`
+        is the server's --reasoning-format unless the request named one:
+        "deepseek" splits a leading <think> block into reasoning_content,
+        "none" leaves it in the content, and "auto" splits it for models
+        that think (`thinks`: the template knows <think>; or the prompt
+        already opened the thought)."""
+        reasoning = self.reasoning_format or reasoning
+        split = reasoning == "deepseek" or (reasoning == "auto"
+                                            and (thinks or started_in_thought))
+        if not self.tools and not split:
             return None
-        names = self.choice.allowed({t["function"]["name"] for t in self.tools})
-        return ToolSetup(fmt, frozenset(names), self.parallel)
+        names = self.choice.allowed({t["function"]["name"] for t in self.tools or []})
+        return ToolSetup(fmt, frozenset(names), self.parallel, reasoning=split,
+                         started_in_thought=split and started_in_thought)
 
 
 def parse_structured(body: dict, chat: bool) -> Structured:
@@ -73,7 +86,17 @@ def parse_structured(body: dict, chat: bool) -> Structured:
     if grammar is not None and tools and choice.mode != "none":
         raise InvalidParams("'response_format' cannot be combined with tools unless "
                             "tool_choice is 'none'", param="response_format")
-    return Structured(tools or None, choice, parallel, grammar, _logit_bias(body.get("logit_bias")))
+    return Structured(tools or None, choice, parallel, grammar, _logit_bias(body.get("logit_bias")),
+                      parse_reasoning_format(body.get("reasoning_format")))
+
+
+def parse_reasoning_format(value: Any) -> str | None:
+    """A request's `reasoning_format` (llama-server's field): None, or one
+    of REASONING_FORMATS. Raises InvalidParams naming it."""
+    if value is None or value in REASONING_FORMATS:
+        return value
+    raise InvalidParams(f"'reasoning_format' must be one of {', '.join(REASONING_FORMATS)}",
+                        param="reasoning_format")
 
 
 def _response_format(value: Any) -> str | None:

@@ -135,7 +135,7 @@ def test_a_dead_engine_thread_is_reported(monkeypatch):
         with pytest.raises(EngineFailed):
             llm.engine.submit(llm.text_tokens("Hello"), GREEDY, events.put)
 
-        app = create_app(ServerState(name="smollm2", llm=llm))
+        app = create_app(ServerState.serving(llm))
 
         async def probe():
             transport = httpx.ASGITransport(app=app)

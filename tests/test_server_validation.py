@@ -198,8 +198,12 @@ def test_lone_surrogates_are_400(server, path, raw, param):
     ({"model": 5}, "model"),
     ({"n": 1.0}, "n"),
     ({"n": True}, "n"),
-    ({"n": 2}, "n"),
+    ({"n": 17}, "n"),
     ({"n": 0}, "n"),
+    ({"logprobs": 1}, "logprobs"),
+    ({"top_logprobs": 3}, "top_logprobs"),                     # needs logprobs: true
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
     ({"stream": 1}, "stream"),
     ({"stream_options": {"include_usage": "yes"}}, "stream_options"),
     ({"max_tokens": 2.0}, "max_tokens"),
@@ -215,9 +219,6 @@ def test_mistyped_fields_are_400_naming_them(server, extra, param):
 UNSUPPORTED = [
     ("functions", [{"name": "f"}]),
     ("function_call", "auto"),
-    ("logprobs", True),
-    ("top_logprobs", 3),
-    ("n", 3),
     ("best_of", 2),
     ("echo", True),
     ("suffix", "tail"),
@@ -230,6 +231,17 @@ def test_unsupported_fields_are_named_not_dropped(server, field, value):
                   else ("/v1/chat/completions", {"messages": MSG}))
     err = assert_error(post(server, {**base, "max_tokens": 1, field: value}, path), 400, field)
     assert "not supported" in err["message"]
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"logprobs": True}, "logprobs"),              # a chat field: completions take N
+    ({"logprobs": 21}, "logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"n": 2, "best_of": 3}, "best_of"),
+])
+def test_completions_logprobs_and_best_of_are_checked(server, extra, param):
+    assert_error(post(server, {"prompt": "Hi", "max_tokens": 1, **extra}, "/v1/completions"),
+                 400, param)
 
 
 @pytest.mark.parametrize("extra,param,says", [

@@ -34,7 +34,7 @@ def test_metrics_stats_and_chat_stats_agree(tmp_path, monkeypatch):
         session.answer("Name a colour.")
         session.answer("Name another one.")     # the second turn reuses the first's KV
 
-        app = create_app(ServerState(name="smollm2", llm=llm))
+        app = create_app(ServerState.serving(llm))
 
         async def read():
             transport = httpx.ASGITransport(app=app)

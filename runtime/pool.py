@@ -1,0 +1,385 @@
+"""Many models in one process: loaded on first use, kept while requests use
+them and for a keep-alive after, and unloaded least recently used first
+when a new one needs the room (`models_max`, `memory_budget`).
+
+Each loaded model is a whole LLM: its own engine, scheduler and prefix
+cache. An unloaded model's disk prefix cache stays on disk, so a reload
+answers a repeated prefix from it. Loading runs outside the lock, once per
+model however many requests ask for it at the same time."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from llmctl.errors import LlmctlError, ModelNotFound, ModelsBusy, ModelTooLarge
+from llmctl.runtime.config import LoadOptions
+from llmctl.runtime.stats import Stats, combine
+from llmctl.store.registry import load_registry
+from llmctl.store.resolve import ResolvedModel, resolve_model
+
+log = logging.getLogger("llmctl.pool")
+
+FOREVER = -1.0
+# llama.cpp's compute buffers and the engine's own arrays, beyond weights and KV.
+OVERHEAD_BYTES = 64 << 20
+
+
+def estimate_bytes(resolved: ResolvedModel, opts: LoadOptions) -> int:
+    """Memory a model will hold once loaded: its weights, the KV cache of
+    every slot at the context it will get, and a fixed overhead. Raises
+    BadModelFile for a file that is not GGUF."""
+    from llmctl.runtime import planner
+    from llmctl.runtime.llm import DEFAULT_CTX
+    from llmctl.store.gguf_info import read_gguf_info
+
+    info = read_gguf_info(resolved.path)
+    n_ctx = opts.ctx_size or min(resolved.context or DEFAULT_CTX,
+                                 info.context_length or DEFAULT_CTX)
+    shape = planner.ModelShape.from_info(info, opts.kv_type)
+    return info.size + shape.kv_bytes(n_ctx * opts.max_num_seqs) + OVERHEAD_BYTES
+
+
+@dataclass
+class Loaded:
+    """A model in the pool. `active`: requests using it now; it expires
+    `keep_alive_s` after the last one ends (FOREVER: never)."""
+
+    name: str
+    resolved: ResolvedModel
+    bytes: int
+    keep_alive_s: float
+    llm: object = None               # the LLM, once loaded
+    error: BaseException | None = None
+    active: int = 0
+    last_used: float = 0.0
+    loaded_at: float = 0.0
+
+    @property
+    def loading(self) -> bool:
+        return self.llm is None and self.error is None
+
+    @property
+    def expires_at(self) -> float | None:
+        """Wall-clock time it unloads if nothing uses it; None: never, or in use."""
+        if self.active or self.keep_alive_s < 0:
+            return None
+        return self.last_used + self.keep_alive_s
+
+
+class Lease:
+    """One request's hold on a loaded model; `release()` (or leaving the
+    `with`) lets the pool unload it again."""
+
+    def __init__(self, pool: "ModelPool", entry: Loaded):
+        self.pool, self.entry = pool, entry
+        self.llm = entry.llm
+        self.name = entry.name
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.pool._release(self.entry)
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class ModelPool:
+    """The loaded models of one server. `resolve` maps a request's model
+    name to a file (never a path from a request); `acquire` loads or reuses
+    it. Raises, from acquire: ModelNotFound, ModelTooLarge (507) when the
+    model alone exceeds the budget, ModelsBusy (503) when no idle model can
+    make room in time, and whatever loading raises."""
+
+    def __init__(self, opts: LoadOptions, *, models_max: int = 3, memory_budget: int,
+                 keep_alive_s: float = 300.0, wait_s: float = 300.0,
+                 loader: Callable[[ResolvedModel, LoadOptions], object] | None = None,
+                 estimator: Callable[[ResolvedModel, LoadOptions], int] = estimate_bytes):
+        if models_max < 1:
+            raise ValueError("models_max must be >= 1")
+        self.opts = opts
+        self.models_max = models_max
+        self.memory_budget = memory_budget
+        self.keep_alive_s = keep_alive_s
+        self.wait_s = wait_s
+        self._load = loader or _load_llm
+        self._estimate = estimator
+        self._cv = threading.Condition()
+        self._models: dict[str, Loaded] = {}
+        self._named: dict[str, ResolvedModel] = {}     # given on the command line
+        self._closed = False
+        self.retired = combine([])
+        self._reaper = threading.Thread(target=self._reap, name="llmctl-keepalive", daemon=True)
+        self._reaper.start()
+
+    # ---- names --------------------------------------------------------------------
+
+    def add_named(self, resolved: ResolvedModel, *aliases: str) -> None:
+        """Make a model given on the command line (a file path, say)
+        loadable by its name and `aliases` from requests."""
+        for name in (resolved.name, *aliases):
+            self._named[name] = resolved
+
+    def named(self) -> list[str]:
+        """The names of the models given on the command line."""
+        return list(dict.fromkeys(r.name for r in self._named.values()))
+
+    def resolve(self, ref: str) -> ResolvedModel:
+        """The model a request names: a command-line model (or an alias of
+        one), or a name from the registry or the store. Raises ModelNotFound,
+        also for anything that looks like a file path: a request body must
+        never make the server open a file of its choosing."""
+        ref = ref.removesuffix(":latest")       # Ollama clients add the default tag
+        named = self._named.get(ref)
+        if named is not None:
+            return named
+        # Clients also send a registry model's Hub spelling (repo, repo:quant).
+        for spec in load_registry().models.values():
+            if ref in (spec.repo, f"{spec.repo}:{spec.quant}"):
+                ref = spec.name
+        if _looks_like_path(ref):
+            raise ModelNotFound(f"model {ref!r}: requests name models, not files; give a file "
+                                "on the command line (`llmctl serve PATH`)", param="model")
+        return resolve_model(ref)
+
+    # ---- leases -------------------------------------------------------------------
+
+    def acquire_loaded(self, ref: str, keep_alive_s: float | None = None) -> Lease | None:
+        """A lease on `ref` if it is loaded under that name or a command-line
+        alias, without touching the disk; None otherwise. Never blocks."""
+        ref = ref.removesuffix(":latest")
+        named = self._named.get(ref)
+        with self._cv:
+            entry = self._models.get(named.name if named else ref)
+            if entry is None or entry.loading or self._closed:
+                return None
+            self._use(entry, keep_alive_s)
+            return Lease(self, entry)
+
+    def adopt(self, resolved: ResolvedModel, llm) -> None:
+        """Hold an LLM loaded elsewhere, forever (tests, embedding)."""
+        with self._cv:
+            self._models[resolved.name] = Loaded(resolved.name, resolved, 0, FOREVER, llm,
+                                                 last_used=time.time(), loaded_at=time.time())
+        self.add_named(resolved)
+
+    def acquire(self, ref: str, keep_alive_s: float | None = None) -> Lease:
+        """A lease on the model `ref`, loading it if needed (blocking: call
+        it off the event loop). `keep_alive_s` replaces the model's keep-alive
+        from this request on (0: unload as soon as it is idle)."""
+        resolved = self.resolve(ref)
+        with self._cv:
+            entry = self._wait_or_reserve(resolved, keep_alive_s)
+            if entry.llm is not None:
+                return Lease(self, entry)
+        try:
+            llm = self._load(resolved, self.opts)
+        except BaseException as e:
+            with self._cv:
+                entry.error = e
+                self._models.pop(entry.name, None)
+                self._cv.notify_all()
+            raise
+        with self._cv:
+            entry.llm, entry.loaded_at = llm, time.time()
+            self._cv.notify_all()
+            if self._closed:        # shut down while it loaded: nobody may use it
+                self._unload(entry, "shutdown")
+                raise LlmctlError("the server is shutting down")
+        log.info("loaded %s (%.0f MB planned)", entry.name, entry.bytes / 1e6)
+        return Lease(self, entry)
+
+    def _wait_or_reserve(self, resolved: ResolvedModel, keep_alive_s: float | None) -> Loaded:
+        """Under the lock: the loaded entry with its use counted, or a new
+        loading entry this caller must fill."""
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            self._check_open()
+            entry = self._models.get(resolved.name)
+            if entry is not None and entry.loading:
+                self._wait(deadline, f"model {resolved.name!r} is still loading")
+                if entry.error is not None:
+                    raise entry.error
+                continue
+            if entry is not None:
+                self._use(entry, keep_alive_s)
+                return entry
+            need = self._estimate(resolved, self.opts)
+            if self._make_room(need, deadline):
+                entry = Loaded(resolved.name, resolved, need,
+                               self.keep_alive_s if keep_alive_s is None else keep_alive_s,
+                               active=1, last_used=time.time())
+                self._models[entry.name] = entry
+                return entry
+
+    @staticmethod
+    def _use(entry: Loaded, keep_alive_s: float | None) -> None:
+        entry.active += 1
+        entry.last_used = time.time()
+        if keep_alive_s is not None:
+            entry.keep_alive_s = keep_alive_s
+
+    def _make_room(self, need: int, deadline: float) -> bool:
+        """Unload idle models, least recently used first, until `need` bytes
+        and a model slot are free. False after waiting for a request to end
+        (the caller looks again); raises when waiting cannot help."""
+        if need > self.memory_budget:
+            raise ModelTooLarge(
+                f"the model needs about {need / 1e9:.2f} GB (weights and KV cache) and the "
+                f"memory budget is {self.memory_budget / 1e9:.2f} GB; raise --memory-budget "
+                "or lower --ctx-size / --max-num-seqs / --kv-type")
+        while len(self._models) >= self.models_max or self._used() + need > self.memory_budget:
+            idle = [e for e in self._models.values() if not e.active and not e.loading]
+            if not idle:
+                self._wait(deadline, f"every loaded model is busy ({self._used() / 1e9:.2f} of "
+                           f"{self.memory_budget / 1e9:.2f} GB, {len(self._models)} of "
+                           f"{self.models_max} models); {need / 1e9:.2f} GB more is needed")
+                return False
+            self._unload(min(idle, key=lambda e: e.last_used), "to make room")
+        return True
+
+    def _wait(self, deadline: float, why: str) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0 or not self._cv.wait(timeout=left) and time.monotonic() >= deadline:
+            raise ModelsBusy(why)
+
+    def _release(self, entry: Loaded) -> None:
+        with self._cv:
+            entry.active -= 1
+            entry.last_used = time.time()
+            if not entry.active and entry.keep_alive_s == 0 and self._models.get(entry.name) is entry:
+                self._unload(entry, "keep_alive 0")
+            self._cv.notify_all()
+
+    # ---- unloading ----------------------------------------------------------------
+
+    def unload(self, ref: str) -> bool:
+        """Unload `ref` now if it is loaded and idle; with requests running,
+        it unloads when the last ends. False when it is not loaded."""
+        name = self.resolve(ref).name
+        with self._cv:
+            entry = self._models.get(name)
+            if entry is None or entry.loading:
+                return False
+            if entry.active:
+                entry.keep_alive_s = 0
+            else:
+                self._unload(entry, "stop")
+            self._cv.notify_all()
+            return True
+
+    def _unload(self, entry: Loaded, why: str) -> None:
+        # Under the lock: closing joins the engine thread, which is quick when
+        # idle, and no request can take the model halfway through.
+        del self._models[entry.name]
+        log.info("unloading %s (%s)", entry.name, why)
+        try:
+            # Its counters stay in the server's totals after it is gone.
+            self.retired = combine([self.retired, entry.llm.stats().idle()])
+            entry.llm.close()
+        except Exception:
+            log.exception("closing %s", entry.name)
+
+    def _reap(self) -> None:
+        """Unload models whose keep-alive ran out."""
+        with self._cv:
+            while not self._closed:
+                now = time.time()
+                due = [e for e in self._models.values()
+                       if not e.loading and e.expires_at is not None and e.expires_at <= now]
+                for entry in due:
+                    self._unload(entry, "keep-alive expired")
+                nexts = [e.expires_at for e in self._models.values()
+                         if not e.loading and e.expires_at is not None]
+                self._cv.wait(timeout=min(max(min(nexts) - now, 0.05), 60) if nexts else 60)
+
+    # ---- views --------------------------------------------------------------------
+
+    def loaded(self) -> list[Loaded]:
+        """The loaded (and loading) models, most recently used first."""
+        with self._cv:
+            return sorted(self._models.values(), key=lambda e: -e.last_used)
+
+    def get(self, name: str) -> Loaded | None:
+        with self._cv:
+            return self._models.get(name)
+
+    def stats(self) -> Stats:
+        """Every model's counters, loaded or not, in one snapshot."""
+        with self._cv:
+            return combine([self.retired] + [e.llm.stats() for e in self._models.values()
+                                             if e.llm is not None])
+
+    def _used(self) -> int:
+        return sum(e.bytes for e in self._models.values())
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LlmctlError("the server is shutting down")
+
+    def close(self) -> None:
+        """Unload everything; later acquires raise."""
+        with self._cv:
+            self._closed = True
+            for entry in list(self._models.values()):
+                if not entry.loading:
+                    self._unload(entry, "shutdown")
+            self._cv.notify_all()
+        self._reaper.join(timeout=5)
+
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+
+
+def parse_keep_alive(value) -> float:
+    """Seconds from Ollama's keep_alive forms: a number of seconds, or a
+    duration such as "5m", "90s", "1h30m"; any negative value means forever
+    (FOREVER). Raises ValueError naming the accepted forms."""
+    if isinstance(value, bool):
+        raise ValueError("must be a number of seconds or a duration like '5m'")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str) and value.strip():
+        seconds = _duration(value.strip())
+    else:
+        raise ValueError("must be a number of seconds or a duration like '5m'")
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        raise ValueError("must be finite")
+    return FOREVER if seconds < 0 else seconds
+
+
+def _duration(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    sign = -1.0 if text.startswith("-") else 1.0
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text.lstrip("-"))
+    if not parts or "".join(n + u for n, u in parts) != text.lstrip("-"):
+        raise ValueError(f"{text!r} is not a duration (use e.g. 30s, 5m, 1h, -1)")
+    return sign * sum(float(n) * _UNITS[u] for n, u in parts)
+
+
+def _looks_like_path(ref: str) -> bool:
+    if ref.endswith(".gguf") or ref.startswith(("/", ".", "~")) or "\\" in ref:
+        return True
+    try:
+        return Path(ref).exists()
+    except OSError:
+        return True
+
+
+def _load_llm(resolved: ResolvedModel, opts: LoadOptions):
+    from llmctl.runtime.llm import LLM
+
+    return LLM(resolved, opts)

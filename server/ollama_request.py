@@ -1,0 +1,309 @@
+"""Ollama's request fields, validated and translated into what the runtime
+takes: `options` into SamplingParams, `format` and `tools` into a
+Structured (the same path as OpenAI's response_format and tools), Ollama's
+messages into OpenAI-style ones, `think` into a reasoning format. Every
+mistake is an InvalidParams naming the field; an option llmctl cannot
+honour is refused by name, never dropped. Errors on /api/* routes leave in
+Ollama's shape, {"error": "..."}, through OllamaRoute."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
+
+from llmctl.errors import InvalidParams, LlmctlError
+from llmctl.runtime.sampling import SamplingParams
+from llmctl.server.errors import retry_headers
+from llmctl.server.protocol import parse_sampling, typed_field
+from llmctl.server.state import request_keep_alive
+from llmctl.server.tool_protocol import Structured, parse_structured
+
+log = logging.getLogger("llmctl.server")
+
+# Ollama's options that are also OpenAI body fields of the same meaning:
+# protocol.parse_sampling checks them under their own names.
+_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "repeat_penalty",
+             "presence_penalty", "frequency_penalty")
+
+
+def _given(value: Any) -> bool:
+    return True
+
+
+# Options llmctl has no equivalent for, each with the test for a value that
+# asks for something; the values that mean "off" pass.
+_UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
+    **dict.fromkeys(("num_keep", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap",
+                     "draft_num_predict", "mirostat_tau", "mirostat_eta"), _given),
+    **dict.fromkeys(("numa", "low_vram", "f16_kv", "logits_all", "vocab_only", "use_mlock",
+                     "embedding_only", "penalize_newline"), lambda v: v is not False),
+    "mirostat": lambda v: v != 0,
+    "tfs_z": lambda v: v != 1,
+    "typical_p": lambda v: v != 1,
+}
+
+
+class OllamaRoute(APIRoute):
+    """A route whose failures answer in Ollama's shape, {"error": message},
+    with the status the error type maps to (core/errors.py)."""
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def route(request: Request):
+            try:
+                return await handler(request)
+            except LlmctlError as e:
+                return error(e.message, e.http_status, retry_headers(e))
+            except HTTPException as e:
+                return error(str(e.detail), e.status_code, getattr(e, "headers", None))
+            except Exception as e:
+                log.exception("internal error")
+                return error(f"internal error: {type(e).__name__}", 500)
+
+        return route
+
+
+def error(message: str, status: int, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def rfc3339(when: float | None = None) -> str:
+    """`when` (Unix seconds; now when None) as Ollama writes times: RFC 3339
+    in UTC with the fraction."""
+    moment = datetime.now(timezone.utc) if when is None else \
+        datetime.fromtimestamp(when, timezone.utc)
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+def far_future() -> str:
+    """Ollama's expiry of a model kept forever: now plus the longest Go duration."""
+    return (datetime.now(timezone.utc) + timedelta(microseconds=(2**63 - 1) // 1000)) \
+        .isoformat().replace("+00:00", "Z")
+
+
+def ns(seconds: float) -> int:
+    """Ollama's durations are integer nanoseconds."""
+    return max(int(seconds * 1e9), 0)
+
+
+@dataclass(frozen=True)
+class Options:
+    """A request's `options`: the sampling parameters (repeat_last_n -1
+    meaning the whole context, as in Ollama) and the num_ctx asked for."""
+
+    params: SamplingParams
+    num_ctx: int | None = None
+
+    def for_context(self, n_ctx: int) -> SamplingParams:
+        """The parameters on a model with `n_ctx` tokens per sequence. Raises
+        InvalidParams when num_ctx asks for more than that."""
+        if self.num_ctx is not None and self.num_ctx > n_ctx:
+            raise InvalidParams(f"options: 'num_ctx' {self.num_ctx} is over the {n_ctx} tokens "
+                                "this model is loaded with; restart the server with a larger "
+                                "--ctx-size", param="options.num_ctx")
+        if self.params.repeat_last_n == -1:
+            return self.params.replace(repeat_last_n=n_ctx)
+        return self.params
+
+
+def parse_options(raw: Any, defaults: SamplingParams) -> Options:
+    """Ollama's `options` over the server's `defaults`. Raises InvalidParams
+    naming the option: a wrong type or range, an unknown option, or one
+    llmctl does not implement (mirostat, num_gpu, ...)."""
+    if raw is None:
+        return Options(defaults)
+    if not isinstance(raw, dict):
+        raise InvalidParams("'options' must be an object", param="options")
+    body: dict[str, Any] = {}
+    num_ctx = None
+    repeat_last_n = typed_field(raw, "repeat_last_n", (int,))
+    for key, value in raw.items():
+        if value is None:
+            continue
+        if key == "seed" and type(value) is int and value < 0:
+            continue                    # Ollama's -1: a random seed, llmctl's default
+        if key in _SAMPLING:
+            body[key] = value
+        elif key == "num_predict":
+            body["max_tokens"] = _num_predict(raw)
+        elif key == "num_ctx":
+            num_ctx = typed_field(raw, key, (int,))
+            if num_ctx < 1:
+                raise InvalidParams("options: 'num_ctx' must be at least 1", param="options.num_ctx")
+        elif key in _UNSUPPORTED:
+            if _UNSUPPORTED[key](value):
+                raise InvalidParams(f"option '{key}' is not supported by llmctl",
+                                    param=f"options.{key}")
+        elif key != "repeat_last_n":
+            raise InvalidParams(f"unknown option '{key}'", param=f"options.{key}")
+    if repeat_last_n is not None and repeat_last_n < -1:
+        raise InvalidParams("options: 'repeat_last_n' must be -1 (the context), 0 (off) or more",
+                            param="options.repeat_last_n")
+    try:
+        params = parse_sampling(body, defaults)
+        return Options(params.replace(repeat_last_n=repeat_last_n), num_ctx)
+    except InvalidParams as e:
+        raise InvalidParams(f"options: {e.message}", param=f"options.{e.param}") from None
+
+
+def _num_predict(raw: dict) -> int | None:
+    """max_tokens for Ollama's num_predict: -1 (and -2, "fill the
+    context") mean no limit."""
+    n = typed_field(raw, "num_predict", (int,))
+    if n in (-1, -2):
+        return None
+    if n < 1:
+        raise InvalidParams("options: 'num_predict' must be at least 1, or -1 for no limit",
+                            param="options.num_predict")
+    return n
+
+
+def parse_structured_fields(body: dict, tools: Any = None) -> Structured:
+    """`format` ("json" or a JSON schema) and `tools` as a Structured.
+    Raises InvalidParams naming `format` or `tools`."""
+    fmt = body.get("format")
+    if fmt in (None, ""):
+        response_format = None
+    elif fmt == "json":
+        response_format = {"type": "json_object"}
+    elif isinstance(fmt, dict):
+        response_format = {"type": "json_schema", "json_schema": {"name": "format", "schema": fmt}}
+    else:
+        raise InvalidParams("'format' must be \"json\" or a JSON schema object", param="format")
+    try:
+        return parse_structured({"tools": tools, "response_format": response_format}, chat=True)
+    except InvalidParams as e:
+        if e.param != "response_format":
+            raise
+        raise InvalidParams(e.message.replace("response_format", "format"), param="format") from None
+
+
+def keep_alive_is_zero(raw: Any) -> bool:
+    """Whether a request's keep_alive asks to unload at once. Raises
+    InvalidParams for a value parse_keep_alive refuses."""
+    return request_keep_alive(raw) == 0
+
+
+def parse_think(body: dict) -> bool | None:
+    """`think`: None (the server's --reasoning-format decides), or a
+    boolean. Ollama's levels ("low", "high", ...) are refused by name:
+    llmctl cannot set how long a model thinks."""
+    think = body.get("think")
+    if think is None or isinstance(think, bool):
+        return think
+    raise InvalidParams("'think' must be a boolean; thinking levels are not supported by llmctl",
+                        param="think")
+
+
+def reasoning_format(think: bool | None, thinks: bool, model: str) -> str | None:
+    """The reasoning format for `think` on a model that `thinks` (or not):
+    true splits the thought into `thinking`; false is refused for a model
+    that thinks, since llmctl cannot stop it. Raises InvalidParams."""
+    if think is None:
+        return None
+    if think and not thinks:
+        raise InvalidParams(f"{model!r} does not support thinking", param="think")
+    if not think and thinks:
+        raise InvalidParams(f"'think': false is not supported for {model!r}: llmctl cannot stop "
+                            "this model from thinking", param="think")
+    return "deepseek" if think else "none"
+
+
+def common_fields(body: dict) -> tuple[str | None, bool]:
+    """(model, stream) of a generation request; Ollama streams unless told
+    not to. Raises InvalidParams naming the field."""
+    model = typed_field(body, "model", (str,))
+    stream = typed_field(body, "stream", (bool,))
+    return model or None, stream is not False
+
+
+def chat_messages(messages: Any) -> list[dict]:
+    """Ollama's messages as OpenAI's, for LLM.chat_tokens (which validates
+    the rest): tool calls get ids where they have none, a tool result is
+    tied to the call it answers by `tool_name`, a past `thinking` is left
+    out (templates drop past thoughts too). Raises InvalidParams for
+    images and for anything that is not a list of objects."""
+    if messages is None:
+        return []
+    if not isinstance(messages, list):
+        raise InvalidParams("'messages' must be a list", param="messages")
+    out, unanswered = [], []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidParams(f"messages[{i}] must be an object", param="messages")
+        if message.get("images"):
+            raise InvalidParams(f"messages[{i}].images: images are not supported by llmctl "
+                                "(text models only)", param="images")
+        m = {k: v for k, v in message.items() if k not in ("images", "thinking", "tool_name")}
+        if isinstance(m.get("role"), str):
+            m["role"] = m["role"].lower()
+        if isinstance(m.get("tool_calls"), list):
+            m["tool_calls"] = [_with_id(call, f"call_{i}_{j}", unanswered)
+                               for j, call in enumerate(m["tool_calls"])]
+        if m.get("role") == "tool":
+            name = message.get("tool_name")
+            if not m.get("tool_call_id"):
+                m["tool_call_id"] = _answered(unanswered, name) or f"call_{i}"
+            if isinstance(name, str):
+                m["name"] = name
+        out.append(m)
+    return out
+
+
+def _with_id(call: Any, new_id: str, unanswered: list[tuple[str, str]]) -> Any:
+    if not isinstance(call, dict):
+        return call             # normalize_tool_calls names the mistake
+    call = call if call.get("id") else {**call, "id": new_id}
+    fn = call.get("function")
+    unanswered.append((call["id"], fn.get("name") if isinstance(fn, dict) else None))
+    return call
+
+
+def _answered(unanswered: list[tuple[str, str]], name: Any) -> str | None:
+    """The id of the earliest unanswered call to `name` (to any, without a
+    name), taken off the list."""
+    for k, (call_id, called) in enumerate(unanswered):
+        if name is None or called == name:
+            del unanswered[k]
+            return call_id
+    return None
+
+
+@dataclass(frozen=True)
+class GeneratePrompt:
+    """/api/generate's prompt: its text, and whether it goes through the
+    chat template (with `system`) or to the model as it is (`raw`)."""
+
+    prompt: str
+    system: str | None
+    raw: bool
+
+    def messages(self) -> list[dict]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + [{"role": "user", "content": self.prompt}]
+
+
+def parse_generate_prompt(body: dict) -> GeneratePrompt:
+    """The prompt fields of /api/generate. suffix (fill-in-the-middle),
+    template, context and images are refused by name; so are system and
+    template in raw mode, as Ollama does. Raises InvalidParams."""
+    for key, why in (("suffix", "fill-in-the-middle"),
+                     ("template", "llmctl renders the model's own chat template"),
+                     ("context", "send the conversation to /api/chat instead"),
+                     ("images", "text models only")):
+        if body.get(key) not in (None, "", []):
+            raise InvalidParams(f"'{key}' is not supported by llmctl ({why})", param=key)
+    prompt = typed_field(body, "prompt", (str,)) or ""
+    system = typed_field(body, "system", (str,))
+    raw = bool(typed_field(body, "raw", (bool,)))
+    if raw and system:
+        raise InvalidParams("raw mode does not support template, system, or context", param="raw")
+    return GeneratePrompt(prompt, system, raw)
