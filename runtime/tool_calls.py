@@ -1,6 +1,6 @@
-"""Tool calls in model output: which syntax a chat template teaches, and a
-parser that turns the model's text into OpenAI-shaped content, reasoning and
-tool calls, streamed or whole.
+"""Tool calls in model output: a parser that turns the model's text into
+OpenAI-shaped content, reasoning and tool calls, streamed or whole. The
+formats and shapes it deals in are in tool_shapes.py (re-exported here).
 
 The parser never raises on model output. A call marker followed by anything
 that is not a well-formed call (malformed JSON, arguments that are not an
@@ -10,121 +10,37 @@ cannot execute. Content is stripped of surrounding whitespace and is None
 when nothing but whitespace is left, as OpenAI sends null content beside
 tool calls.
 
-Also here: validation of the request's `tools`/`tool_choice` and of tool
-calls and tool results in the conversation history."""
+Hermes models (Qwen2.5 among them) also write calls as a Markdown code
+block that opens the answer, as llama.cpp's Hermes parser accepts: ```json
+(or ```, ```xml, ```tool_call) around a call object, an array of them, or
+<tool_call> blocks. A fence anywhere else is the answer's own code.
+
+Validation of the request's `tools`/`tool_choice` is in tool_schema.py."""
 
 from __future__ import annotations
 
-import enum
 import json
-import random
 import re
-import secrets
-import string
-from dataclasses import dataclass, field
-from typing import Callable, Union
+from typing import Callable
 
 from llmctl.runtime.reasoning import ThinkSplitter, partial_marker_len
+from llmctl.runtime.tool_shapes import (
+    ContentDelta,
+    Delta,
+    ParsedMessage,
+    ReasoningDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolFormat,
+    _loads,
+    call_id_factory,
+    collect,
+    detect_format,
+)
 
-
-class ToolFormat(str, enum.Enum):
-    HERMES = "hermes"    # <tool_call>{"name": …, "arguments": {…}}</tool_call>
-    LLAMA3 = "llama3"    # [<|python_tag|>]{"name": …, "parameters": {…}}; …
-    MISTRAL = "mistral"  # [TOOL_CALLS][{…}, …] or [TOOL_CALLS]name[ARGS]{…}
-    GENERIC = "generic"  # {"tool_calls": [{…}]} or {"name": …, "arguments": {…}}
-    NONE = "none"
-
-
-def detect_format(template: str | None) -> ToolFormat:
-    """The tool-call syntax a chat template teaches, from its marker strings.
-    Templates whose `<tool_call>` wraps something other than JSON (GLM,
-    Qwen3-Coder's XML) come out HERMES; their calls then stay content.
-    Raises nothing."""
-    t = template or ""
-    if "[TOOL_CALLS]" in t:
-        return ToolFormat.MISTRAL
-    if "<tool_call>" in t:
-        return ToolFormat.HERMES
-    if "<|python_tag|>" in t or ("ipython" in t and "<|start_header_id|>" in t):
-        return ToolFormat.LLAMA3
-    if re.search(r"\btools\b", t):
-        return ToolFormat.GENERIC
-    return ToolFormat.NONE
-
-
-_ID_CHARS = string.ascii_letters + string.digits
-
-
-def call_id_factory(rng: random.Random | None = None) -> Callable[[], str]:
-    """A source of OpenAI-style ids, `call_` and 24 letters or digits: from
-    `secrets` by default, from `rng` when given (seeded, for tests)."""
-    pick = rng.choice if rng is not None else secrets.choice
-    return lambda: "call_" + "".join(pick(_ID_CHARS) for _ in range(24))
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # compact JSON text of an object, as OpenAI's function.arguments
-
-    def to_openai(self) -> dict:
-        return {"id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": self.arguments}}
-
-
-@dataclass
-class ParsedMessage:
-    content: str | None
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    reasoning: str | None = None
-
-
-@dataclass(frozen=True)
-class ContentDelta:
-    text: str
-
-
-@dataclass(frozen=True)
-class ReasoningDelta:
-    text: str
-
-
-@dataclass(frozen=True)
-class ToolCallDelta:
-    """A call's first delta carries its id and name (arguments ""); later
-    ones carry only argument text, to be appended in order."""
-    index: int
-    id: str | None
-    name: str | None
-    arguments: str
-
-    def to_openai(self) -> dict:
-        """The entry of `choices[0].delta.tool_calls` in a streamed chunk."""
-        if self.id is None:
-            return {"index": self.index, "function": {"arguments": self.arguments}}
-        return {"index": self.index, "id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": self.arguments}}
-
-
-Delta = Union[ContentDelta, ReasoningDelta, ToolCallDelta]
-
-
-def collect(deltas: list[Delta]) -> ParsedMessage:
-    """Folds streamed deltas into the message they spell. Raises nothing."""
-    content, reasoning, calls = [], [], {}
-    for d in deltas:
-        if isinstance(d, ContentDelta):
-            content.append(d.text)
-        elif isinstance(d, ReasoningDelta):
-            reasoning.append(d.text)
-        elif d.id is not None:
-            calls[d.index] = [d.id, d.name, d.arguments]
-        else:
-            calls[d.index][2] += d.arguments
-    return ParsedMessage("".join(content) or None,
-                         [ToolCall(*calls[i]) for i in sorted(calls)],
-                         "".join(reasoning) or None)
+__all__ = ["ContentDelta", "Delta", "ParsedMessage", "ReasoningDelta", "ToolCall",
+           "ToolCallDelta", "ToolCallStream", "ToolFormat", "call_id_factory", "collect",
+           "detect_format", "parse_tool_calls"]
 
 
 def parse_tool_calls(text: str, fmt: ToolFormat, tool_names: set[str] | None = None, *,
@@ -169,6 +85,13 @@ _HERMES_CLOSE = re.compile(r"\s*</tool_call>")
 _MISTRAL_HEAD = re.compile(r"([A-Za-z0-9_.-]{1,64})(?:\[CALL_ID\][A-Za-z0-9]*)?\[ARGS\]\s*")
 _MISTRAL_HEAD_SO_FAR = re.compile(r"[A-Za-z0-9_.\-\[\]]{0,150}")
 _SEPARATORS = " \t\r\n;"
+# A Hermes call in a code block: the fence line, then the call (see module doc).
+_FENCE = "```"
+_FENCE_LANGS = ("json", "xml", "tool_call")
+_FENCE_OPEN = re.compile(r"```[ \t]*(?:json|xml|tool_call)?[ \t]*\r?\n", re.IGNORECASE)
+_FENCE_OPEN_SO_FAR = re.compile(
+    r"`{0,3}|```[ \t]*(?:%s)|```[ \t]*(?:json|xml|tool_call)?[ \t]*\r?"
+    % "|".join(lang[:n] for lang in _FENCE_LANGS for n in range(1, len(lang))), re.IGNORECASE)
 
 
 class _Brackets:
@@ -211,17 +134,6 @@ class _Brackets:
         return self._end
 
 
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not JSON")
-
-
-def _loads(text: str):
-    try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except ValueError:
-        return None
-
-
 class ToolCallStream:
     """Parses model output as it streams. `feed(delta)` and `finish()` return
     the deltas decided so far; text that may begin a marker is held back until
@@ -253,6 +165,7 @@ class ToolCallStream:
         self._raw = ""  # the marker that opened the current section
         self._scan: _Brackets | None = None
         self._head: str | None = None  # the name in Mistral's name[ARGS]{…} form
+        self._fenced = False  # the current <tool_call> block is inside a code fence
         self._index = 0
 
     def feed(self, text: str) -> list[Delta]:
@@ -289,8 +202,9 @@ class ToolCallStream:
     def _say(self, text: str) -> None:
         self._emit(ContentDelta, self._content.push(text))
 
-    def _open_section(self, mode: str, raw: str) -> bool:
+    def _open_section(self, mode: str, raw: str, fenced: bool = False) -> bool:
         self._mode, self._raw, self._scan, self._head = mode, raw, None, None
+        self._fenced = fenced
         return True
 
     def _fail(self) -> bool:
@@ -300,6 +214,8 @@ class ToolCallStream:
         return self._open_section("content", "")
 
     def _in_start(self, final: bool) -> bool:
+        if self._fmt is ToolFormat.HERMES and self._names != set():
+            return self._open_section("fence", "")
         head = self._buf.lstrip()
         opener = _OPENERS.get(self._fmt)
         if not head and not final:
@@ -351,7 +267,66 @@ class ToolCallStream:
         if close is None and rest:
             return self._fail()
         return self._accept(self._scan.start, end, close.end() if close else len(self._buf),
-                            "content")
+                            "fence_close" if self._fenced else "content")
+
+    def _in_fence(self, final: bool) -> bool:
+        """At the start of the answer, or right after a fenced call: a code
+        fence opening a call, or content. Until the fence line and the first
+        character of its body decide, the text is held back."""
+        head = self._buf.lstrip()
+        m = _FENCE_OPEN.match(head)
+        if m is None:
+            if not final and _FENCE_OPEN_SO_FAR.fullmatch(head):
+                return False
+            return self._open_section("content", "")
+        body = head[m.end():].lstrip()
+        at = len(self._buf) - len(body)
+        if body.startswith("<tool_call>"):
+            at += len("<tool_call>")
+            raw, self._buf = self._buf[:at], self._buf[at:]
+            return self._open_section("hermes", raw, fenced=True)
+        if body[:1] in ("{", "["):
+            self._open_section("fenced_json", "")
+            self._scan = _Brackets(at)
+            return True
+        if not final and "<tool_call>".startswith(body):
+            return False
+        return self._open_section("content", "")
+
+    def _in_fenced_json(self, final: bool) -> bool:
+        # Nothing but whitespace may sit between the JSON and the closing
+        # fence, as between a <tool_call>'s JSON and its </tool_call>; what
+        # follows the fence is content (llama.cpp reads it so too).
+        end, wait = self._json_at(final, self._scan.start)
+        if wait:
+            return False
+        if end is None:
+            return self._fail()
+        rest = self._buf[end:].lstrip()
+        if rest.startswith(_FENCE):
+            stop = len(self._buf) - len(rest) + len(_FENCE)
+        elif not final and _FENCE.startswith(rest):
+            return False
+        elif rest:
+            return self._fail()
+        else:  # the output ended inside the fence: the call stands, as an unclosed <tool_call>
+            stop = len(self._buf)
+        return self._accept(self._scan.start, end, stop, "fence")
+
+    def _in_fence_close(self, final: bool) -> bool:
+        """After a <tool_call> block inside a fence: another block, the
+        closing fence, or (anything else) content."""
+        head = self._buf.lstrip()
+        if head.startswith(_FENCE):
+            self._buf = head[len(_FENCE):]
+            return self._open_section("fence", "")
+        if head.startswith("<tool_call>"):
+            at = len(self._buf) - len(head) + len("<tool_call>")
+            raw, self._buf = self._buf[:at], self._buf[at:]
+            return self._open_section("hermes", raw, fenced=True)
+        if not final and (_FENCE.startswith(head) or "<tool_call>".startswith(head)):
+            return False
+        return self._open_section("content", "")
 
     def _in_json_seq(self, final: bool) -> bool:
         # Separators between Llama 3's calls (";", newlines) are dropped.

@@ -125,6 +125,72 @@ def test_arguments_given_as_json_text_are_accepted():
     assert calls(parse(text, H)) == [("search", {"q": "x"})]
 
 
+FENCED_WEATHER = ("get_weather", {"city": "Paris", "unit": "C"})
+
+
+@pytest.mark.parametrize("text, content, n", [
+    (f"```json\n{WEATHER}\n```", None, 1),
+    (f"\n  ```\n{WEATHER}```\n", None, 1),
+    (f"```JSON \r\n  {WEATHER}\n```", None, 1),
+    (f"```tool_call\n{WEATHER}\n```", None, 1),
+    (f"```json\n[{WEATHER}, {WEATHER}]\n```", None, 2),
+    (f"```xml\n<tool_call>\n{WEATHER}\n</tool_call>\n```", None, 1),
+    (f"```xml\n<tool_call>{WEATHER}</tool_call>\n<tool_call>{WEATHER}</tool_call>\n```", None, 2),
+    (f"```json\n{WEATHER}\n```\n```json\n{WEATHER}\n```", None, 2),
+    # Like llama.cpp, text after the closing fence is the answer's content.
+    (f"```json\n{WEATHER}\n```\n\nI asked for the weather.", "I asked for the weather.", 1),
+    (f"```json\n{WEATHER}\n```\nThen <tool_call>{WEATHER}</tool_call>", "Then", 2),
+    # Output that ends inside the fence, as an unclosed <tool_call>, keeps its call.
+    (f"```json\n{WEATHER}\n", None, 1),
+])
+def test_hermes_call_in_a_leading_code_fence(text, content, n):
+    msg = parse(text, H)
+    assert msg.content == content and calls(msg) == [FENCED_WEATHER] * n
+
+
+@pytest.mark.parametrize("text", [
+    '```json\n{"name": "rm_rf", "arguments": {}}\n```',
+    '```json\n{"name": "get_weather", "arguments": {"city": "Par\n```',
+    '```json\n{"name": "get_weather", "arguments": [1]}\n```',
+    '```json\n{"answer": 42}\n```',
+    f"```json\n[{WEATHER}, 3]\n```",
+    f"```json\n{WEATHER}\nThat is the call.\n```",
+    f"```json {WEATHER}\n```",
+    f"```python\n{WEATHER}\n```",
+    f"```json\nweather: {WEATHER}\n```",
+    "```xml\n<tool_call>get_weather(city='Paris')</tool_call>\n```",
+    f"Here it is:\n```json\n{WEATHER}\n```",
+    f"`{WEATHER}`",
+    f"``\n{WEATHER}\n``",
+])
+def test_fences_that_are_not_a_leading_call_stay_content_verbatim(text):
+    assert parse(text, H) == ParsedMessage(text.strip(), [], None)
+
+
+def test_fenced_calls_only_for_hermes_and_when_a_call_is_allowed():
+    text = f"```json\n{WEATHER}\n```"
+    assert parse(text, H, names=set()).content == text
+    for fmt in (M, N):
+        assert parse(text, fmt).content == text
+
+
+def test_fence_prefix_is_held_only_until_decided():
+    stream = ToolCallStream(H, NAMES)
+    assert stream.feed(" ``") == []
+    assert stream.feed("`pyt") == [ContentDelta("```pyt")]
+    stream = ToolCallStream(H, NAMES)
+    assert stream.feed("```json\n  ") == []
+    assert stream.feed("Hello") == [ContentDelta("```json\n  Hello")]
+    stream = ToolCallStream(H, NAMES)
+    assert stream.feed("```json\n{") == [] and stream.feed(WEATHER[1:] + "\n``") == []
+    head, args, text = stream.feed("`\nok")
+    assert (head.name, args.arguments, text) == ("get_weather", '{"city":"Paris","unit":"C"}',
+                                                 ContentDelta("ok"))
+    assert stream.finish() == []
+    # With no tool allowed a fence can't be a call: nothing is held.
+    assert ToolCallStream(H, set()).feed("```json\n{") == [ContentDelta("```json\n{")]
+
+
 def test_llama3_json_calls_with_separators_and_python_tag():
     w = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
     s = '{"type": "function", "name": "search", "parameters": {"q": "x"}}'
@@ -208,6 +274,14 @@ CASES = [
     (H, '<tool_call>{"name": "rm", "arguments": {}}</tool_call> ok'),
     (H, f"<think>\nI should call <tool_call> maybe\n</think>\n\nOK <tool_call>{SEARCH}</tool_call>"),
     (H, "<think>unclosed thought with </thin"),
+    (H, f"```json\n{WEATHER}\n```\nAnd text, <tool_call>{SEARCH}</tool_call>"),
+    (H, f" ```xml\n<tool_call>{WEATHER}</tool_call>\n<tool_call>\n{SEARCH}</tool_call>```"),
+    (H, f"```json\n[{WEATHER},\n{SEARCH}]\n```\n```\n{SEARCH}\n"),
+    (H, f"```json\n{WEATHER}\nnot a fence\n``` <tool_call>{SEARCH}</tool_call>"),
+    (H, '```json\n{"name": "rm", "arguments": {}}\n```'),
+    (H, "```python\nprint('<tool_call>')\n```"),
+    (H, f"Text first\n```json\n{WEATHER}\n```"),
+    (H, f"<think>plan</think>\n```tool_call\n{SEARCH}\n```"),
     (L, '{"name": "get_weather", "parameters": {"city": "Paris"}};\n{"name": "search", "parameters": {}}'),
     (L, 'Calling.<|python_tag|>{"name": "search", "parameters": {"q": "\\\\"}} done'),
     (L, '  {"not": "a call"} but text'),

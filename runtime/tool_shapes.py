@@ -1,0 +1,127 @@
+"""Tool-call formats and the shapes the tool-call parser (tool_calls.py)
+produces: which syntax a chat template teaches, OpenAI-shaped calls, the
+message a whole answer parses into and the deltas a streamed one does.
+
+Everything here is importable from llmctl.runtime.tool_calls as well."""
+
+from __future__ import annotations
+
+import enum
+import json
+import random
+import re
+import secrets
+import string
+from dataclasses import dataclass, field
+from typing import Callable, Union
+
+
+class ToolFormat(str, enum.Enum):
+    HERMES = "hermes"    # <tool_call>{"name": …, "arguments": {…}}</tool_call>
+    LLAMA3 = "llama3"    # [<|python_tag|>]{"name": …, "parameters": {…}}; …
+    MISTRAL = "mistral"  # [TOOL_CALLS][{…}, …] or [TOOL_CALLS]name[ARGS]{…}
+    GENERIC = "generic"  # {"tool_calls": [{…}]} or {"name": …, "arguments": {…}}
+    NONE = "none"
+
+
+def detect_format(template: str | None) -> ToolFormat:
+    """The tool-call syntax a chat template teaches, from its marker strings.
+    Templates whose `<tool_call>` wraps something other than JSON (GLM,
+    Qwen3-Coder's XML) come out HERMES; their calls then stay content.
+    Raises nothing."""
+    t = template or ""
+    if "[TOOL_CALLS]" in t:
+        return ToolFormat.MISTRAL
+    if "<tool_call>" in t:
+        return ToolFormat.HERMES
+    if "<|python_tag|>" in t or ("ipython" in t and "<|start_header_id|>" in t):
+        return ToolFormat.LLAMA3
+    if re.search(r"\btools\b", t):
+        return ToolFormat.GENERIC
+    return ToolFormat.NONE
+
+
+_ID_CHARS = string.ascii_letters + string.digits
+
+
+def call_id_factory(rng: random.Random | None = None) -> Callable[[], str]:
+    """A source of OpenAI-style ids, `call_` and 24 letters or digits: from
+    `secrets` by default, from `rng` when given (seeded, for tests)."""
+    pick = rng.choice if rng is not None else secrets.choice
+    return lambda: "call_" + "".join(pick(_ID_CHARS) for _ in range(24))
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # compact JSON text of an object, as OpenAI's function.arguments
+
+    def to_openai(self) -> dict:
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
+class ParsedMessage:
+    content: str | None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    reasoning: str | None = None
+
+
+@dataclass(frozen=True)
+class ContentDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A call's first delta carries its id and name (arguments ""); later
+    ones carry only argument text, to be appended in order."""
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
+
+    def to_openai(self) -> dict:
+        """The entry of `choices[0].delta.tool_calls` in a streamed chunk."""
+        if self.id is None:
+            return {"index": self.index, "function": {"arguments": self.arguments}}
+        return {"index": self.index, "id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+Delta = Union[ContentDelta, ReasoningDelta, ToolCallDelta]
+
+
+def collect(deltas: list[Delta]) -> ParsedMessage:
+    """Folds streamed deltas into the message they spell. Raises nothing."""
+    content, reasoning, calls = [], [], {}
+    for d in deltas:
+        if isinstance(d, ContentDelta):
+            content.append(d.text)
+        elif isinstance(d, ReasoningDelta):
+            reasoning.append(d.text)
+        elif d.id is not None:
+            calls[d.index] = [d.id, d.name, d.arguments]
+        else:
+            calls[d.index][2] += d.arguments
+    return ParsedMessage("".join(content) or None,
+                         [ToolCall(*calls[i]) for i in sorted(calls)],
+                         "".join(reasoning) or None)
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads(text: str):
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except ValueError:
+        return None
