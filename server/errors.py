@@ -27,22 +27,29 @@ def retry_headers(e: LlmctlError) -> dict | None:
     return {"Retry-After": "1"} if isinstance(e, (QueueFull, ModelsBusy)) else None
 
 
-def error_response(e: LlmctlError) -> JSONResponse:
-    headers = retry_headers(e)
-    return JSONResponse(error_body(e.message, e.error_type, e.code, e.param),
-                        status_code=e.http_status, headers=headers)
+def _ollama(path: str) -> bool:
+    # Ollama's clients read {"error": "..."}; everything else gets OpenAI's shape.
+    return path.startswith("/api/")
+
+
+def error_response(e: LlmctlError, path: str = "") -> JSONResponse:
+    """`e` as a response in the shape the route's clients read (`path`)."""
+    body = {"error": e.message} if _ollama(path) else \
+        error_body(e.message, e.error_type, e.code, e.param)
+    return JSONResponse(body, status_code=e.http_status, headers=retry_headers(e))
 
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(LlmctlError)
     async def _typed(request: Request, e: LlmctlError) -> JSONResponse:
-        return error_response(e)
+        return error_response(e, request.url.path)
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, e: HTTPException) -> JSONResponse:
         status = e.status_code
-        return JSONResponse(error_body(str(e.detail), _TYPES.get(status, "invalid_request_error")),
-                            status_code=status, headers=getattr(e, "headers", None))
+        body = {"error": str(e.detail)} if _ollama(request.url.path) else \
+            error_body(str(e.detail), _TYPES.get(status, "invalid_request_error"))
+        return JSONResponse(body, status_code=status, headers=getattr(e, "headers", None))
 
     @app.exception_handler(Exception)
     async def _unknown(request: Request, e: Exception) -> JSONResponse:

@@ -65,7 +65,7 @@ class OriginGuard:
         if scope["type"] == "http":
             problem = self._problem(scope, Headers(scope=scope))
             if problem:
-                await error_response(Forbidden(problem))(scope, receive, send)
+                await error_response(Forbidden(problem), scope["path"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -116,7 +116,7 @@ class AccessGuard:
         headers = Headers(scope=scope)
         problem = self._problem(scope, headers)
         if problem is not None:
-            await error_response(problem)(scope, receive, send)
+            await error_response(problem, scope["path"])(scope, receive, send)
             return
         await self.app(scope, self._capped(receive), send)
 

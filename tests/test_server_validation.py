@@ -61,6 +61,19 @@ def test_every_route_but_health_needs_the_key(guarded, method, path):
     assert httpx.get(guarded.url + "/health").status_code == 200
 
 
+@pytest.mark.parametrize("method,path", [("GET", "/api/ps"), ("POST", "/api/chat"),
+                                         ("GET", "/api/no-such-route")])
+def test_ollama_routes_answer_errors_in_ollama_shape(guarded, method, path):
+    # Ollama's clients read {"error": "..."}: the key check speaks it on /api/*.
+    r = httpx.request(method, guarded.url + path, json={})
+    assert r.status_code == 401 and isinstance(r.json()["error"], str)
+    ok = httpx.request(method, guarded.url + path, json={},
+                       headers={"Authorization": f"Bearer {KEY}"})
+    assert ok.status_code != 401
+    if ok.status_code >= 400:
+        assert isinstance(ok.json()["error"], str)
+
+
 def test_metrics_public_opens_metrics_only(session_home):
     with Server.llmctl_serve(*SMALL, "--api-key", KEY, "--metrics-public",
                              env={"LLMCTL_HOME": str(session_home)}) as srv:
