@@ -11,6 +11,7 @@ import os
 import re
 import tempfile
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -164,7 +165,10 @@ class LlamaModel:
         self.add_bos = bool(lc.llama_vocab_get_add_bos(self.vocab))
         self.bos = lc.llama_vocab_bos(self.vocab)
         self.eos = lc.llama_vocab_eos(self.vocab)
+        self.n_embd = lc.llama_model_n_embd(self.ptr)
         self._pieces: dict[bool, dict[int, bytes]] = {False: {}, True: {}}
+        # Contexts made on this model; each is freed before the weights are.
+        self._contexts: weakref.WeakSet = weakref.WeakSet()
         self.eog_tokens = [t for t in range(self.n_vocab) if lc.llama_vocab_is_eog(self.vocab, t)]
         self._eog = frozenset(self.eog_tokens)
 
@@ -209,13 +213,51 @@ class LlamaModel:
         raw = lc.llama_model_chat_template(self.ptr, None)
         return raw.decode(errors="replace") if raw else None
 
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as text; None when the file has no `key`."""
+        buf = ctypes.create_string_buffer(256)
+        n = lc.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode(errors="replace") if n >= 0 else None
+
+    def declared_pooling(self) -> str | None:
+        """The pooling the GGUF declares (`<arch>.pooling_type`) as a POOLING
+        name; None when it declares none, as decoder models don't."""
+        raw = self.meta(f"{self.meta('general.architecture')}.pooling_type")
+        names = {v: k for k, v in POOLING.items()}
+        return names.get(int(raw)) if raw is not None and raw.lstrip("-").isdigit() else None
+
+    @property
+    def encoder_decoder(self) -> bool:
+        return bool(lc.llama_model_has_encoder(self.ptr) and lc.llama_model_has_decoder(self.ptr))
+
     def close(self) -> None:
         if getattr(self, "ptr", None):
+            # A context freed after its model reads freed memory.
+            for ctx in list(self._contexts):
+                ctx.close()
             lc.llama_model_free(self.ptr)
             self.ptr = None
 
     def __del__(self) -> None:
         self.close()
+
+
+# llama.cpp's pooling types by name: how one sequence's token vectors become one.
+POOLING = {"none": lc.LLAMA_POOLING_TYPE_NONE, "mean": lc.LLAMA_POOLING_TYPE_MEAN,
+           "cls": lc.LLAMA_POOLING_TYPE_CLS, "last": lc.LLAMA_POOLING_TYPE_LAST,
+           "rank": lc.LLAMA_POOLING_TYPE_RANK}
+
+
+def _new_context(model: LlamaModel, params, hint: str,
+                 on_text: Callable[[str], None] | None = None):
+    """llama_init_from_model. Raises LlmctlError with llama.cpp's reason and
+    `hint` when it fails."""
+    with capture_log(on_text) as log:
+        ptr = lc.llama_init_from_model(model.ptr, params)
+    if not ptr:
+        reason = log.last_error("out of memory?")
+        raise LlmctlError(f"llama.cpp could not create a context: {reason} ({hint})")
+    return ptr
 
 
 # llmctl's KV-cache type names (store.gguf_info.KV_TYPES) as ggml types.
@@ -272,12 +314,10 @@ class LlamaContext:
         params.kv_unified = False
         params.no_perf = True
         sizes: list[float] = []
-        with capture_log(lambda text: sizes.extend(map(float, _KV_SIZE_RE.findall(text)))) as log:
-            self.ptr = lc.llama_init_from_model(model.ptr, params)
-        if not self.ptr:
-            reason = log.last_error("out of memory?")
-            raise LlmctlError(f"llama.cpp could not create a context: {reason} (try a smaller "
-                              "--ctx-size or --max-num-seqs, or another --kv-type)")
+        self.ptr = _new_context(
+            model, params, "try a smaller --ctx-size or --max-num-seqs, or another --kv-type",
+            lambda text: sizes.extend(map(float, _KV_SIZE_RE.findall(text))))
+        model._contexts.add(self)
         # What llama.cpp allocated for K and V, from its own report.
         self.kv_bytes: int | None = round(sum(sizes) * (1 << 20)) if sizes else None
         self.mem = lc.llama_get_memory(self.ptr)
@@ -363,6 +403,79 @@ class LlamaContext:
     def state_set(self, data: bytes | memoryview, seq_id: int) -> bool:
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         return lc.llama_state_seq_set_data(self.ptr, buf, len(data), seq_id) > 0
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            lc.llama_batch_free(self._batch)
+            lc.llama_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class EmbeddingContext:
+    """A llama_context that outputs one pooled vector per sequence instead of
+    logits. It is not the generation engine's context: that one is made
+    without embeddings output (llama.cpp sets it per context, and turning it
+    on there would make every generation step copy hidden states too), keeps
+    one KV stream per slot and is driven by the engine's own thread.
+
+    A batch holds up to n_seq_max sequences and n_tokens tokens in all, in
+    one graph run (n_ubatch = n_batch): llama.cpp pools each sequence within
+    a ubatch, so a sequence split across two would get the second part's
+    pool only. The KV is scratch, cleared before each batch.
+
+    Raises ValueError when n_tokens is not a multiple of n_seq_max (llama.cpp
+    sizes its graph for n_tokens / n_seq_max tokens a sequence, and mean
+    pooling over a remainder aborts the process), and LlmctlError when
+    llama.cpp cannot make the context."""
+
+    def __init__(self, model: LlamaModel, *, n_tokens: int, n_seq_max: int, n_threads: int,
+                 pooling: str):
+        if n_tokens % n_seq_max:
+            raise ValueError(f"n_tokens {n_tokens} is not a multiple of n_seq_max {n_seq_max}")
+        self.model = model
+        self.n_tokens, self.n_seq_max, self.pooling = n_tokens, n_seq_max, pooling
+        params = lc.llama_context_default_params()
+        params.n_ctx = params.n_batch = params.n_ubatch = n_tokens
+        params.n_seq_max = n_seq_max
+        params.n_threads = params.n_threads_batch = n_threads
+        params.embeddings = True
+        params.pooling_type = POOLING[pooling]
+        # One shared KV of n_tokens cells: a batch is one long text or many short ones.
+        params.kv_unified = True
+        params.no_perf = True
+        self.ptr = _new_context(model, params, "not enough memory for embeddings")
+        model._contexts.add(self)
+        self.mem = lc.llama_get_memory(self.ptr)     # NULL for encoder-only models
+        self._batch = lc.llama_batch_init(n_tokens, 0, 1)
+
+    def embed(self, seqs: list[list[int]]) -> np.ndarray:
+        """The pooled, unnormalised vectors of `seqs` (at most n_seq_max, with
+        n_tokens tokens in all), one (n_embd,) float32 row each. Raises
+        DecodeError, and LlmctlError once the model is closed."""
+        if not self.ptr:
+            raise LlmctlError("the model was unloaded")
+        if self.mem:
+            lc.llama_memory_clear(self.mem, True)
+        b = self._batch
+        n = 0
+        for seq_id, tokens in enumerate(seqs):
+            for pos, tok in enumerate(tokens):
+                b.token[n], b.pos[n], b.n_seq_id[n] = tok, pos, 1
+                b.seq_id[n][0] = seq_id
+                b.logits[n] = 1     # pooling reads every token's output
+                n += 1
+        b.n_tokens = n
+        rc = lc.llama_decode(self.ptr, b)
+        if rc != 0:
+            raise DecodeError(f"llama_decode failed (code {rc}) computing embeddings")
+        out = np.empty((len(seqs), self.model.n_embd), dtype=np.float32)
+        for seq_id in range(len(seqs)):
+            ptr = lc.llama_get_embeddings_seq(self.ptr, seq_id)
+            out[seq_id] = np.ctypeslib.as_array(ptr, shape=(self.model.n_embd,))
+        return out
 
     def close(self) -> None:
         if getattr(self, "ptr", None):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from llmctl.server import completions, errors, info_routes, ollama
+from llmctl.server import completions, embeddings, errors, info_routes, ollama
 from llmctl.server.middleware import AccessGuard, OriginGuard
 from llmctl.server.state import ServerState
 
@@ -28,5 +28,6 @@ def create_app(state: ServerState, bind_host: str | None = None) -> FastAPI:
     app.add_middleware(OriginGuard, policy=state.policy, bind_host=bind_host)
     app.include_router(info_routes.router)
     app.include_router(completions.router)
+    app.include_router(embeddings.router)
     app.include_router(ollama.router)
     return app
