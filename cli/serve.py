@@ -49,9 +49,9 @@ def serve(
         help="Recompute every prompt from scratch.")] = False,
     flash_attn: Annotated[FlashAttn, typer.Option(
         "--flash-attn", envvar="LLMCTL_FLASH_ATTN",
-        help="auto: off while the prefix cache is on, so cache hits give token-identical "
-             "output (on with a quantized --kv-type, which needs it); on is ~15% faster with "
-             "the cache, but hits may differ slightly.")
+        help="auto: off while the prefix cache is on, so output is token-identical at any "
+             "concurrency (on with a quantized --kv-type, which needs it); on is ~15% faster: "
+             "cache hits stay exact, but logits depend on which requests run together.")
     ] = FlashAttn.auto,
     kv_type: o.KvTypeOpt = o.KvType("f16"),
     prefix_cache_size: Annotated[float, typer.Option(

@@ -58,15 +58,18 @@ class LoadOptions:
         """The one flash-attention decision, read by the engine's context and
         by the disk prefix cache's key alike.
 
-        CPU flash attention picks its kernel by how many query rows a chunk
-        has, so a token's logits depend on how its prompt was split; a prefix
-        hit could then change greedy output. So it is off by default while
-        the cache is on (bit-exact hits); on is faster but hits may differ.
+        CPU flash attention computes a chunk of 64 or more query rows with
+        another kernel than a shorter one; the scheduler's cuts keep prefix
+        hits bit-exact under it. But with 2+ threads a sequence decoding
+        alone in its ubatch with 512+ KV cells takes a split-KV kernel, and
+        beside other sequences a per-row one, so logits depend on which
+        requests run together (measured: concurrent != alone, off: equal).
+        So auto keeps it off while the cache is on (bit-exact hits at any
+        concurrency); on is faster, and hits match a cold prefill run in the
+        same company.
 
         A quantized KV cache needs it (llama.cpp has no other kernel for a
-        quantized V), so auto turns it on there: such a cache is already not
-        bit-identical to f16, and the exactness of flash-attention prefix
-        hits is tracked in issue 14."""
+        quantized V), so auto turns it on there (issue 14)."""
         if self.flash_attn is not None:
             return self.flash_attn
         return self.kv_type != "f16" or not self.prefix_cache

@@ -57,9 +57,11 @@ class Engine:
             flash_attn=self.flash_attn, kv_type=opts.kv_type))
         self.n_ctx_seq = self.ctx.n_ctx_seq
         self.max_num_seqs = opts.max_num_seqs
+        # With flash attention, prompts are cut by its 64-row tile so that
+        # prefix hits stay bit-exact (scheduler.py); without, any cut is.
         self.scheduler = Scheduler(SchedulerConfig(
             opts.max_num_seqs, opts.max_num_batched_tokens, opts.max_queue,
-            prefix_sharing=prefix_cache is not None))
+            prefix_sharing=prefix_cache is not None, tile=64 if self.flash_attn else 1))
         self.prefix_cache = prefix_cache
         self.failure: str | None = None
         self._streams: dict[int, _Stream] = {}

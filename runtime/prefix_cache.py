@@ -20,6 +20,7 @@ from pathlib import Path
 from llmctl import config
 from llmctl.runtime.backend import LLAMA_CPP_VERSION
 from llmctl.runtime.kv_disk import BLOCK, DiskStore, Hit
+from llmctl.runtime.scheduler import SchedulerConfig, exact_reuse
 from llmctl.runtime.sequence import Sequence
 
 log = logging.getLogger("llmctl.prefix_cache")
@@ -46,14 +47,16 @@ class PrefixCache:
     """Moves KV between slots and the disk on the engine's behalf. Memory
     sharing works from construction; `open_disk` adds the disk store."""
 
-    def __init__(self, disk: DiskStore | None = None):
+    def __init__(self, disk: DiskStore | None = None, tile: int = SchedulerConfig.tile):
         self.disk = disk
+        self.tile = tile        # the scheduler's: how much of a hit may be reused exactly
 
     def open_disk(self, llm, engine) -> None:
         """Key the disk store by everything that changes the bytes of a saved
         sequence state, reading the engine's own settings (its flash
         attention decision among them) so the key can't drift from them."""
         opts = llm.opts
+        self.tile = engine.scheduler.cfg.tile
         budget = int(opts.prefix_cache_size_gb * 1e9)
         if budget <= 0:
             return
@@ -64,7 +67,9 @@ class PrefixCache:
             "sha256": file_identity(Path(llm.resolved.path), entry.sha256 if entry else None),
             "n_ctx_seq": engine.n_ctx_seq, "n_seq_max": engine.max_num_seqs,
             "kv_type": engine.ctx.cfg.kv_type, "flash_attn": engine.flash_attn, "rope": "model",
-            "llama_cpp": LLAMA_CPP_VERSION, "format": 1,
+            # 2: prompts cut by the flash-attention tile rule (scheduler.py), so
+            # states saved under the old cuts are never restored.
+            "llama_cpp": LLAMA_CPP_VERSION, "format": 2,
         }
         self.disk = DiskStore(config.cache_dir() / "prefix", identity, budget)
 
@@ -107,7 +112,10 @@ class PrefixCache:
             hit = self.disk.lookup(seq.prompt)
         except OSError:
             return None
-        return hit if hit is not None and hit.n >= n_memory + MIN_DISK_GAIN else None
+        if hit is None:
+            return None
+        hit.n = exact_reuse(hit.n, len(seq.prompt), self.tile)
+        return hit if hit.n >= n_memory + MIN_DISK_GAIN else None
 
     def _restore(self, ctx, seq: Sequence, hit: Hit) -> bool | None:
         """True when restored; False when the slot is untouched; None when
@@ -133,8 +141,10 @@ class PrefixCache:
 
     def on_finished(self, ctx, seq: Sequence) -> None:
         """Save the reply too when it added a whole block: the next turn of a
-        conversation resends it."""
-        if self.disk is None or seq.n_computed // BLOCK <= len(seq.prompt) // BLOCK:
+        conversation resends it. Not with a tile rule: a generated token's KV
+        comes from a one-row chunk, which a prompt never computes."""
+        if (self.disk is None or self.tile > 1
+                or seq.n_computed // BLOCK <= len(seq.prompt) // BLOCK):
             return
         self._save(ctx, seq, seq.tokens[:seq.n_computed])
 

@@ -13,7 +13,18 @@ sequence is told where the longest computed prefix of its prompt lives: in
 its own (parked) slot, in another slot to copy from, or in a leader that is
 still prefilling it, in which case it waits (holding its slot, computing
 nothing) until the leader has computed the shared part. N requests sharing a
-new system prompt thus compute it once."""
+new system prompt thus compute it once.
+
+Prompts are cut so that a token's KV and logits never depend on whether its
+prefix came from the cache. ggml's CPU flash attention computes a chunk of
+at least `tile` (64) query rows with its tiled kernel and a shorter one row
+by row, and the two round differently (measured: a 63-row chunk changes the
+logits, 64 or more in any split do not). So with `tile` > 1, a prompt of at
+least `tile` tokens is only ever computed in chunks of at least `tile`
+rows: a reused prefix leaves `tile` tokens to compute, a chunk cut for the
+budget leaves `tile` for later, and only prompt tokens are reused (a
+generated token was computed in a one-row chunk). A shorter prompt goes row
+by row however it is cut, so it is cut freely but reuses nothing."""
 
 from __future__ import annotations
 
@@ -36,6 +47,10 @@ class SchedulerConfig:
     max_queue: int = 256
     prefix_sharing: bool = False
     min_share: int = 32         # shorter prefixes are not worth a copy or a wait
+    # Rows of ggml's flash-attention tile (GGML_FA_TILE_Q); 1: any cut is exact
+    # (flash attention off), and generated tokens are reused too.
+    tile: int = 64
+    max_chunk: int = 512        # llama.cpp's n_ubatch: a longer chunk is cut again there
 
 
 @dataclass
@@ -123,7 +138,7 @@ class Scheduler:
     def _take_slot(self, prompt: list[int]) -> tuple[int, int]:
         best, best_n = -1, 0
         for slot, tokens in self._parked.items():
-            n = usable_prefix(tokens, prompt)
+            n = self._reusable(tokens, prompt)
             if n > best_n:
                 best, best_n = slot, n
         if best_n >= self.cfg.min_share:
@@ -146,7 +161,7 @@ class Scheduler:
         for other in self.running:
             if other is seq or other.status is Status.WAITING_PREFIX:
                 continue
-            shared = usable_prefix(other.tokens, seq.prompt)
+            shared = self._reusable(other.prompt if self.cfg.tile > 1 else other.tokens, seq.prompt)
             have = min(shared, other.n_computed)
             if have > n and have >= self.cfg.min_share:
                 src, n = other.slot, have
@@ -154,13 +169,16 @@ class Scheduler:
                     and shared > target):
                 leader, target = other, shared
         for slot, tokens in self._parked.items():
-            have = usable_prefix(tokens, seq.prompt)
+            have = self._reusable(tokens, seq.prompt)
             if have > n and have >= self.cfg.min_share:
                 src, n = slot, have
         seq.kv_src = (src, n) if n else (seq.slot, 0)
         if leader is not None and target >= n + self.cfg.min_share:
             seq.wait_for, seq.wait_until = leader, target
             seq.status = Status.WAITING_PREFIX
+
+    def _reusable(self, have: list[int], prompt: list[int]) -> int:
+        return exact_reuse(usable_prefix(have, prompt), len(prompt), self.cfg.tile)
 
     def release_waiters(self) -> list[Sequence]:
         """Sequences whose leader has computed what they wait for (or is
@@ -186,22 +204,50 @@ class Scheduler:
 
     def schedule(self) -> list[Work]:
         """Plan one llama_decode call: a token per decoding sequence, then
-        prompt chunks, oldest first, up to the token budget."""
-        budget = self.cfg.max_num_batched_tokens
-        plan: list[Work] = []
-        for seq in self.running:
-            if seq.status is Status.DECODING:
-                plan.append(Work(seq, [seq.output[-1]], seq.n_computed, True))
-                budget -= 1
+        prompt chunks, oldest first, up to the token budget.
+
+        With a tile rule, a chunk of a long prompt runs with neither of its
+        neighbouring slots in the step (they wait a step): llama.cpp's equal
+        split puts consecutive seq ids in one ubatch, each with as many rows
+        as the shortest has, which would cut the chunk's first row off."""
+        decoding = [seq for seq in self.running if seq.status is Status.DECODING]
+        budget = self.cfg.max_num_batched_tokens - len(decoding)
+        chunks: list[Work] = []
+        taken: set[int] = set()     # slots with a chunk
+        alone: set[int] = set()     # ...that must not share a ubatch
         for seq in self.running:
             if budget <= 0:
                 break
-            if seq.status is Status.PREFILLING:
-                chunk = seq.prompt[seq.n_computed:seq.n_computed + budget]
-                done = seq.n_computed + len(chunk) >= len(seq.prompt)
-                plan.append(Work(seq, chunk, seq.n_computed, done))
-                budget -= len(chunk)
-        return plan
+            isolate = self.cfg.tile > 1 and len(seq.prompt) >= self.cfg.tile
+            near = {seq.slot - 1, seq.slot + 1}
+            if seq.status is not Status.PREFILLING or near & alone or (isolate and near & taken):
+                continue
+            n = self._chunk(seq, budget)
+            if n == 0 and not chunks and not decoding:
+                n = min(budget, self.cfg.max_chunk)    # progress over exactness (tiny budgets)
+            if n == 0:
+                continue
+            done = seq.n_computed + n >= len(seq.prompt)
+            chunks.append(Work(seq, seq.prompt[seq.n_computed:seq.n_computed + n], seq.n_computed, done))
+            budget -= n
+            taken.add(seq.slot)
+            if isolate:
+                alone.add(seq.slot)
+        skip = {slot + d for slot in alone for d in (-1, 1)}
+        return [Work(seq, [seq.output[-1]], seq.n_computed, True)
+                for seq in decoding if seq.slot not in skip] + chunks
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """How many prompt tokens to compute now: all that are left if they
+        fit, else a cut that leaves both sides at least a tile (0: none fits)."""
+        rest = len(seq.prompt) - seq.n_computed
+        cap = min(budget, self.cfg.max_chunk)
+        if rest <= cap:
+            return rest
+        if len(seq.prompt) < self.cfg.tile:
+            return cap
+        n = min(cap, rest - self.cfg.tile)
+        return n if n >= self.cfg.tile else 0
 
     @staticmethod
     def on_computed(seq: Sequence, n: int) -> None:
@@ -228,6 +274,8 @@ class Scheduler:
         seq.finished_at = time.perf_counter()
         if had_slot:
             self.running.remove(seq)
+            if park is not None and self.cfg.tile > 1:
+                park = park[:len(seq.prompt)] if len(seq.prompt) >= self.cfg.tile else []
             if park is not None and len(park) >= self.cfg.min_share:
                 self._parked[seq.slot] = park
             else:
@@ -264,6 +312,16 @@ class Scheduler:
         if len(seq.prompt) + len(seq.output) >= n_ctx_seq:
             return "length"
         return None
+
+
+def exact_reuse(n: int, n_prompt: int, tile: int) -> int:
+    """How much of an `n`-token computed prefix a prompt of `n_prompt`
+    tokens may reuse and still get the KV it would compute itself (see the
+    module docstring): all of it with `tile` 1; else none for a prompt
+    shorter than a tile, and never the last tile's worth."""
+    if tile <= 1:
+        return n
+    return 0 if n_prompt < tile else min(n, n_prompt - tile)
 
 
 def usable_prefix(have: list[int], prompt: list[int]) -> int:

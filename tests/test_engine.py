@@ -138,8 +138,8 @@ def test_queue_full(llm):
 
 @pytest.mark.parametrize("setting,cache,expected", [
     (None, False, True),         # auto without the prefix cache: fastest
-    (None, True, False),         # auto with it: bit-exact cache hits
-    (True, True, True),          # asked for: faster, hits may differ slightly
+    (None, True, False),         # auto with it: exact at any concurrency
+    (True, True, True),          # asked for: faster, hits exact, batch-dependent logits
     (False, False, False),
 ])
 def test_flash_attention_choice(setting, cache, expected):

@@ -42,7 +42,7 @@ def test_queue_full_raises_beyond_the_slots_that_can_take_requests():
 
 def test_parked_slots_count_as_room_in_the_queue_limit():
     s = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=64, max_queue=1,
-                                  prefix_sharing=True, min_share=4))
+                                  prefix_sharing=True, min_share=4, tile=1))
     a = seq(8)
     b = Sequence(prompt=list(range(100, 108)), params=SamplingParams(), max_new=8)
     s.add(a)

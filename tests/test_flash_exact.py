@@ -1,0 +1,144 @@
+"""Flash attention with exact prefix hits: the scheduler's cuts without a
+model, then the real model with flash attention on, where every hit (memory,
+disk, a conversation's next turn) must give the same log-probabilities, to
+the bit, as a cold prefill run alone. (Concurrent requests are not compared
+at the logit level: with flash attention, decode logits depend on which
+sequences share a ubatch, cache or not; see LoadOptions.use_flash_attn.)"""
+
+from __future__ import annotations
+
+import pytest
+from test_prefix_cache import SHARED, SUFFIXES, kv_files, load
+
+from llmctl.runtime.sampling import SamplingParams
+from llmctl.runtime.scheduler import Scheduler, SchedulerConfig, exact_reuse
+from llmctl.runtime.sequence import Sequence, Status
+
+TILE = SchedulerConfig.tile
+# Log-probabilities expose any change in the logits, not only in the argmax.
+EXACT = SamplingParams(temperature=0, max_tokens=6, logprobs=3)
+
+
+def seq(n: int, start: int = 0) -> Sequence:
+    return Sequence(prompt=list(range(start, start + n)), params=SamplingParams(), max_new=4)
+
+
+def admitted(s: Scheduler, *seqs: Sequence) -> None:
+    for x in seqs:
+        s.add(x)
+    s.admit()
+
+
+# ---- the cuts, no model ---------------------------------------------------------
+
+
+def test_a_hit_leaves_a_tile_to_compute_and_short_prompts_reuse_nothing():
+    assert exact_reuse(300, 310, TILE) == 310 - TILE
+    assert exact_reuse(100, 400, TILE) == 100
+    assert exact_reuse(40, 50, TILE) == 0
+    assert exact_reuse(309, 310, 1) == 309
+
+
+def test_a_chunk_cut_for_the_budget_leaves_a_tile_on_both_sides():
+    s = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=200))
+    a = seq(230)
+    admitted(s, a)
+    (w,) = s.schedule()
+    assert len(w.tokens) == 230 - TILE      # 200 would leave a 30-row chunk
+    Scheduler.on_computed(a, len(w.tokens))
+    (w,) = s.schedule()
+    assert len(w.tokens) == TILE and w.sample
+
+
+def test_chunks_are_capped_at_one_ubatch():
+    s = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=2048))
+    admitted(s, seq(1000))
+    (w,) = s.schedule()
+    assert len(w.tokens) == 512
+
+
+def test_a_long_prompts_chunk_never_shares_a_step_with_a_neighbouring_slot():
+    s = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=512))
+    a, b, c, d = seq(10), seq(200, 1000), seq(10, 2000), seq(100, 3000)
+    admitted(s, a, b, c, d)
+    assert [x.slot for x in (a, b, c, d)] == [0, 1, 2, 3]
+    for x in (a, c):
+        x.status = Status.DECODING
+        x.output.append(5)
+    plan = s.schedule()
+    # b (slot 1) runs alone: a and c, its neighbours, wait; d (slot 3) is next
+    # to c, which sits this step out, but not to b.
+    assert {w.seq.slot for w in plan} == {1, 3}
+    b.status = d.status = Status.DECODING
+    b.output.append(5)
+    d.output.append(5)
+    assert {w.seq.slot for w in s.schedule()} == {0, 1, 2, 3}
+
+
+def test_only_prompt_tokens_are_parked():
+    s = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=512,
+                                  prefix_sharing=True))
+    a = seq(100)
+    admitted(s, a)
+    Scheduler.on_computed(a, 100)
+    for t in (7, 8, 9):
+        Scheduler.on_token(a, t)
+    a.n_computed += 2
+    s.finish(a, "stop", park=a.tokens[:a.n_computed])
+    assert s.parked_slots() == {a.slot: a.prompt}
+
+
+# ---- the real model, flash attention on -----------------------------------------
+
+
+def ask(llm, prompt: list[int]):
+    c = llm.complete(prompt, EXACT)
+    return c.text, c.logprobs, c.usage.cached_tokens
+
+
+def load_fa(home, **opts):
+    return load(home, flash_attn=True, **opts)
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    with load_fa(tmp_path_factory.mktemp("tok"), prefix_cache=False) as llm:
+        return {s: llm.text_tokens(SHARED + s) for s in SUFFIXES}
+
+
+@pytest.fixture(scope="module")
+def cold(tmp_path_factory, prompts):
+    """Outputs and log-probabilities of cold prefills, flash attention on."""
+    with load_fa(tmp_path_factory.mktemp("cold"), prefix_cache=False) as llm:
+        assert llm.engine.flash_attn
+        return {s: ask(llm, p)[:2] for s, p in prompts.items()}
+
+
+def test_memory_hits_are_bit_exact(tmp_path, prompts, cold):
+    with load_fa(tmp_path, prefix_cache_size_gb=0) as llm:
+        for s in SUFFIXES:
+            text, logprobs, cached = ask(llm, prompts[s])
+            assert (text, logprobs) == cold[s]
+        assert cached > 0       # the later ones hit the first one's prefix
+
+
+def test_disk_hits_are_bit_exact(tmp_path, prompts, cold):
+    with load_fa(tmp_path) as llm:
+        assert ask(llm, prompts[SUFFIXES[0]])[:2] == cold[SUFFIXES[0]]
+        llm.prefix_cache.disk.flush()
+    assert kv_files(tmp_path)
+    with load_fa(tmp_path) as llm:
+        text, logprobs, cached = ask(llm, prompts[SUFFIXES[1]])
+        assert (text, logprobs) == cold[SUFFIXES[1]]
+        assert cached >= 256 and llm.stats().cached_tokens_disk == cached
+
+
+def test_next_turn_of_a_conversation_is_bit_exact(tmp_path, prompts):
+    with load_fa(tmp_path, prefix_cache_size_gb=0) as llm:
+        c = llm.complete(prompts[SUFFIXES[0]], EXACT)
+        # The reply's own KV came from one-row decode steps: only the prompt is reused.
+        turn = llm.text_tokens(SHARED + SUFFIXES[0] + c.text + " And then?")
+        warm = ask(llm, turn)
+    with load_fa(tmp_path / "cold", prefix_cache=False) as llm:
+        assert warm[:2] == ask(llm, turn)[:2]
+    assert warm[2] > 0
