@@ -102,7 +102,9 @@ def _batch(session: ChatSession) -> None:
 
 @handle_errors
 @o.with_generation
-def chat(gen: o.Generation, model: o.ModelArg = None, kv_type: o.KvTypeOpt = o.KvType("f16")) -> None:
+def chat(gen: o.Generation, model: o.ModelArg = None, kv_type: o.KvTypeOpt = o.KvType("f16"),
+         spec: o.SpecOpt = o.Spec.none, draft_max: o.DraftMax = 8,
+         draft_min: o.DraftMin = 1) -> None:
     """Chat with a model in the terminal.
 
     Example: llmctl chat smollm2 --system "Answer briefly." --temperature 0.7
@@ -111,7 +113,8 @@ def chat(gen: o.Generation, model: o.ModelArg = None, kv_type: o.KvTypeOpt = o.K
     from llmctl.runtime.llm import LLM
 
     params = gen.sampling()
-    with LLM.load(model, gen.load(kv_type=kv_type.value)) as llm:
+    with LLM.load(model, gen.load(kv_type=kv_type.value,
+                                  **o.spec_fields(spec, draft_max, draft_min))) as llm:
         session = ChatSession(llm, params, system=gen.system)
         if sys.stdin.isatty():
             _interactive(session)

@@ -152,3 +152,28 @@ KvTypeOpt = Annotated[KvType, typer.Option(
     "--kv-type", envvar="LLMCTL_KV_TYPE",
     help="K and V cache element type: q8_0 takes about half the memory of f16, q4_0 about a "
          "quarter; both need flash attention (auto turns it on).")]
+
+
+class Spec(str, Enum):
+    none = "none"
+    ngram = "ngram"
+
+
+# Speculative decoding: declared once for serve, run and chat.
+SpecOpt = Annotated[Spec, typer.Option(
+    "--spec", envvar="LLMCTL_SPEC",
+    help="ngram: guess the next tokens from the prompt and output so far (prompt lookup) and "
+         "check them in one batched step; the output is exactly the same, often faster on "
+         "edits, code and RAG answers.")]
+DraftMax = Annotated[int, typer.Option(
+    "--draft-max", min=1, max=64, envvar="LLMCTL_DRAFT_MAX",
+    help="Most guessed tokens per step (fewer as the batch fills).")]
+DraftMin = Annotated[int, typer.Option(
+    "--draft-min", min=1, max=64, envvar="LLMCTL_DRAFT_MIN",
+    help="Don't speculate with fewer guesses than this.")]
+
+
+def spec_fields(spec: Spec, draft_max: int, draft_min: int) -> dict:
+    """The LoadOptions fields of the speculation options."""
+    return {"spec": None if spec is Spec.none else spec.value, "draft_max": draft_max,
+            "draft_min": draft_min}

@@ -324,10 +324,11 @@ class LlamaContext:
         self.n_ctx_seq = lc.llama_n_ctx_seq(self.ptr)
         self._batch = lc.llama_batch_init(cfg.n_batch, 0, 1)
 
-    def decode(self, items: list[tuple[int, list[int], int, bool]]) -> list[int]:
+    def decode(self, items: list[tuple[int, list[int], int, int]]) -> list[int]:
         """Decode one batch. Each item is (seq_id, tokens, first_pos,
-        want_logits); returns, per item, the batch index of its logits row
-        (-1 where none was asked for)."""
+        n_logits): logits for its last n_logits tokens (speculation checks
+        several; True is one). Returns, per item, the batch index of its
+        first logits row, the others following it (-1 where none)."""
         b = self._batch
         n = 0
         rows = [-1] * len(items)
@@ -344,8 +345,9 @@ class LlamaContext:
                 b.logits[n] = 0
                 n += 1
             if want:
-                b.logits[n - 1] = 1
-                rows[k] = n - 1
+                for i in range(n - int(want), n):
+                    b.logits[i] = 1
+                rows[k] = n - int(want)
         b.n_tokens = n
         self._run(b)
         return rows

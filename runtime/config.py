@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from llmctl.errors import UsageError
 from llmctl.kv_types import KV_TYPES
 from llmctl.runtime import planner
+from llmctl.runtime.speculate import SpecConfig
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,10 @@ class LoadOptions:
     flash_attn: bool | None = None       # None: on for a quantized KV, else unless the prefix cache is on
     prefix_cache: bool = True
     prefix_cache_size_gb: float = 4.0
+    # Prompt-lookup speculation: None (off) or "ngram"; guesses per step.
+    spec: str | None = None
+    draft_max: int = 8
+    draft_min: int = 1
     kv_type: str = "f16"                 # K and V cache element type: a KV_TYPES name
 
     def __post_init__(self) -> None:
@@ -43,6 +48,15 @@ class LoadOptions:
         except ValueError as e:
             raise UsageError(f"invalid n_gpu_layers {self.n_gpu_layers!r}: use auto or a number") from e
         self._check_kv_type()
+        try:
+            self.spec_config
+        except ValueError as e:
+            raise UsageError(f"speculation: {e}") from None
+
+    @property
+    def spec_config(self) -> SpecConfig:
+        """The speculation settings. Raises ValueError for bad values."""
+        return SpecConfig(self.spec, self.draft_max, self.draft_min)
 
     def _check_kv_type(self) -> None:
         if self.kv_type not in KV_TYPES:

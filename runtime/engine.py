@@ -61,7 +61,8 @@ class Engine:
         # prefix hits stay bit-exact (scheduler.py); without, any cut is.
         self.scheduler = Scheduler(SchedulerConfig(
             opts.max_num_seqs, opts.max_num_batched_tokens, opts.max_queue,
-            prefix_sharing=prefix_cache is not None, tile=64 if self.flash_attn else 1))
+            prefix_sharing=prefix_cache is not None, tile=64 if self.flash_attn else 1,
+            spec=opts.spec_config, n_ctx_seq=self.n_ctx_seq))
         self.prefix_cache = prefix_cache
         self.failure: str | None = None
         self._streams: dict[int, _Stream] = {}
@@ -173,7 +174,8 @@ class Engine:
         in halves, as llama-server does; logits are consumed before the next
         decode overwrites them."""
         try:
-            rows = self.ctx.decode([(w.seq.slot, w.tokens, w.pos, w.sample) for w in plan])
+            rows = self.ctx.decode([(w.seq.slot, w.tokens, w.pos,
+                                     (1 + len(w.draft)) if w.sample else 0) for w in plan])
         except DecodeError as e:
             halves = _split(plan) if e.rc == 1 else None
             if halves is None:
@@ -182,24 +184,54 @@ class Engine:
                 return
             log.debug("llama_decode found no KV room for %d items; retrying in halves", len(plan))
             for half in halves:
-                self._decode([w for w in half if w.seq.status.has_slot])
+                live = [w for w in half if w.seq.status.has_slot]
+                if live:
+                    self._decode(live)
             return
         for w, row in zip(plan, rows):
             self._guard(w.seq, self._advance, w, row)
 
     def _advance(self, w: Work, row: int) -> None:
         seq = w.seq
+        if w.draft:
+            self._verify(w, row)
+            return
         self.scheduler.on_computed(seq, len(w.tokens))
         if not w.sample or seq.cancelled:
             return
         if self.prefix_cache is not None and not seq.output:
             self.prefix_cache.on_prefilled(self.ctx, seq)
-        stream = self._streams[seq.id]
-        token = stream.sampler.sample(self.ctx, row)
+        self._accept(seq, *self._sample(seq, row))
+
+    def _sample(self, seq: Sequence, row: int) -> tuple[int, TokenLogprob | None]:
+        token = self._streams[seq.id].sampler.sample(self.ctx, row)
         n_top = seq.params.logprobs
-        lp = None if n_top is None else \
-            token_logprob(self.ctx.logits(row), token, n_top, self.model.piece)
-        self._accept(seq, token, lp)
+        return token, (None if n_top is None else
+                       token_logprob(self.ctx.logits(row), token, n_top, self.model.piece))
+
+    def _verify(self, w: Work, row: int) -> None:
+        """Check a speculating step: sample each guessed position in order
+        with the sequence's own sampler and keep guesses while they match,
+        so the tokens are those plain decoding would give. The KV of the
+        rejected guesses is dropped before anything else can read it."""
+        seq = w.seq
+        self.scheduler.on_computed(seq, 1)
+        if seq.cancelled:
+            self.ctx.seq_rm(seq.slot, seq.n_computed, -1)
+            return
+        sampled = []
+        for i in range(len(w.draft) + 1):
+            sampled.append(self._sample(seq, row + i))
+            if i == len(w.draft) or sampled[-1][0] != w.draft[i]:
+                break
+        self.scheduler.record_spec(len(w.draft), len(sampled) - 1)
+        self.ctx.seq_rm(seq.slot, seq.n_computed + len(sampled) - 1, -1)
+        for i, (token, lp) in enumerate(sampled):
+            if i:
+                self.scheduler.on_computed(seq, 1)      # the guess it confirmed
+            self._accept(seq, token, lp)
+            if seq.status is Status.FINISHED:
+                return
 
     def _accept(self, seq: Sequence, token: int, lp: TokenLogprob | None = None) -> None:
         stream = self._streams[seq.id]
@@ -232,6 +264,8 @@ class Engine:
             stream.sampler.close()
         park = None
         if seq.status.has_slot:
+            # A speculating step may have left KV past what was accepted.
+            self.ctx.seq_rm(seq.slot, seq.n_computed, -1)
             if self.prefix_cache is not None and self.scheduler.should_park(seq):
                 # The slot keeps its KV for later requests that share a prefix.
                 self.prefix_cache.on_finished(self.ctx, seq)
@@ -277,6 +311,8 @@ def _split(plan: list[Work]) -> tuple[list[Work], list[Work]] | None:
         mid = len(plan) // 2
         return plan[:mid], plan[mid:]
     w = plan[0]
+    if w.draft:         # retry without the guesses: a step of one token
+        return [Work(w.seq, w.tokens[:1], w.pos, True)], []
     if len(w.tokens) < 2:
         return None
     mid = len(w.tokens) // 2

@@ -31,10 +31,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmctl.errors import QueueFull
 from llmctl.runtime.sequence import Sequence, Status
+from llmctl.runtime.speculate import SpecConfig, ngram_draft
 from llmctl.runtime.stats import Stats, StatsCollector
 
 
@@ -51,6 +52,11 @@ class SchedulerConfig:
     # (flash attention off), and generated tokens are reused too.
     tile: int = 64
     max_chunk: int = 512        # llama.cpp's n_ubatch: a longer chunk is cut again there
+    spec: SpecConfig = SpecConfig()     # prompt-lookup speculation (off by default)
+    # Guessed tokens one step may check across all sequences: each costs a
+    # row of compute, so the per-sequence draft shrinks as the batch fills.
+    spec_rows: int = 16
+    n_ctx_seq: int = 1 << 30    # a sequence's KV room: guesses must fit it
 
 
 @dataclass
@@ -59,6 +65,7 @@ class Work:
     tokens: list[int]
     pos: int            # position of tokens[0] in the sequence
     sample: bool        # this chunk ends the known tokens: sample after it
+    draft: list[int] = field(default_factory=list)  # guesses after tokens[0] (speculation)
 
 
 class Scheduler:
@@ -98,6 +105,9 @@ class Scheduler:
     def counts(self) -> tuple[int, int, int, int]:
         """(running, waiting, parked slots, free slots)."""
         return len(self.running), len(self._waiting), len(self._parked), len(self._free)
+
+    def record_spec(self, drafted: int, accepted: int) -> None:
+        self._stats.record_spec(drafted, accepted)
 
     def make_stats(self) -> Stats:
         return self._stats.snapshot(*self.counts())
@@ -234,8 +244,25 @@ class Scheduler:
             if isolate:
                 alone.add(seq.slot)
         skip = {slot + d for slot in alone for d in (-1, 1)}
-        return [Work(seq, [seq.output[-1]], seq.n_computed, True)
-                for seq in decoding if seq.slot not in skip] + chunks
+        steps = [seq for seq in decoding if seq.slot not in skip]
+        k = self._draft_len(len(steps), bool(chunks))
+        return [self._decode_work(seq, k) for seq in steps] + chunks
+
+    def _draft_len(self, n_decoding: int, prefilling: bool) -> int:
+        """Guesses per decoding sequence this step: none while prompts wait
+        to be computed (they come first) and fewer as the batch fills."""
+        spec = self.cfg.spec
+        if spec.mode is None or prefilling or self._waiting or not n_decoding:
+            return 0
+        k = min(spec.draft_max, self.cfg.spec_rows // n_decoding,
+                self.cfg.max_num_batched_tokens // n_decoding - 1)
+        return k if k >= spec.draft_min else 0
+
+    def _decode_work(self, seq: Sequence, k: int) -> Work:
+        room = min(k, seq.max_new - len(seq.output) - 1,
+                   self.cfg.n_ctx_seq - len(seq.prompt) - len(seq.output) - 1)
+        draft = ngram_draft(seq.tokens, room) if room >= self.cfg.spec.draft_min else []
+        return Work(seq, [seq.output[-1], *draft], seq.n_computed, True, draft)
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """How many prompt tokens to compute now: all that are left if they

@@ -50,11 +50,25 @@ class Stats:
     generation_tokens: int
     ttft: Histogram
     itl: Histogram
+    spec_steps: int = 0                 # decode steps that checked guessed tokens
+    spec_drafted: int = 0               # guessed tokens checked
+    spec_accepted: int = 0              # ...that were right
 
     def idle(self) -> "Stats":
         """This snapshot's counters with its gauges at zero (an unloaded model)."""
         return Stats(0, 0, 0, 0, dict(self.requests), self.prompt_tokens, self.cached_tokens,
-                     self.cached_tokens_disk, self.generation_tokens, self.ttft, self.itl)
+                     self.cached_tokens_disk, self.generation_tokens, self.ttft, self.itl,
+                     self.spec_steps, self.spec_drafted, self.spec_accepted)
+
+    @property
+    def spec_acceptance(self) -> float:
+        """Share of guessed tokens that were right (0 without speculation)."""
+        return self.spec_accepted / self.spec_drafted if self.spec_drafted else 0.0
+
+    @property
+    def spec_mean_accepted(self) -> float:
+        """Guessed tokens kept per speculating step."""
+        return self.spec_accepted / self.spec_steps if self.spec_steps else 0.0
 
     @property
     def cached_tokens_memory(self) -> int:
@@ -67,7 +81,11 @@ class Stats:
                 "prefix_cache_hit_tokens": self.cached_tokens,
                 "prefix_cache_hit_tokens_memory": self.cached_tokens_memory,
                 "prefix_cache_hit_tokens_disk": self.cached_tokens_disk,
-                "generation_tokens": self.generation_tokens}
+                "generation_tokens": self.generation_tokens,
+                "spec_drafted_tokens": self.spec_drafted,
+                "spec_accepted_tokens": self.spec_accepted,
+                "spec_acceptance_rate": round(self.spec_acceptance, 4),
+                "spec_mean_accepted_length": round(self.spec_mean_accepted, 3)}
 
 
 class StatsCollector:
@@ -80,6 +98,7 @@ class StatsCollector:
         self.cached_tokens = 0
         self.cached_tokens_disk = 0
         self.generation_tokens = 0
+        self.spec_steps = self.spec_drafted = self.spec_accepted = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
 
@@ -99,11 +118,19 @@ class StatsCollector:
                 # what clients perceive as the stream's pace.
                 self.itl.observe(decode_s / (generated - 1))
 
+    def record_spec(self, drafted: int, accepted: int) -> None:
+        """Count one speculating step: `drafted` guesses, `accepted` right."""
+        with self._lock:
+            self.spec_steps += 1
+            self.spec_drafted += drafted
+            self.spec_accepted += accepted
+
     def snapshot(self, running: int, waiting: int, parked: int, free: int) -> Stats:
         with self._lock:
             return Stats(running, waiting, parked, free, dict(self.requests), self.prompt_tokens,
                          self.cached_tokens, self.cached_tokens_disk, self.generation_tokens,
-                         self.ttft.copy(), self.itl.copy())
+                         self.ttft.copy(), self.itl.copy(), self.spec_steps, self.spec_drafted,
+                         self.spec_accepted)
 
 
 def _merged(hists: list[Histogram], buckets: tuple[float, ...]) -> Histogram:
@@ -130,4 +157,5 @@ def combine(snapshots: list[Stats]) -> Stats:
                  requests, total("prompt_tokens"), total("cached_tokens"),
                  total("cached_tokens_disk"), total("generation_tokens"),
                  _merged([s.ttft for s in snapshots], TTFT_BUCKETS),
-                 _merged([s.itl for s in snapshots], ITL_BUCKETS))
+                 _merged([s.itl for s in snapshots], ITL_BUCKETS), total("spec_steps"),
+                 total("spec_drafted"), total("spec_accepted"))

@@ -37,6 +37,9 @@ def render(stats: Stats, models_loaded: int) -> str:
         *_gauge("prefix_cache_hit_tokens_total", stats.cached_tokens, "counter"),
         *_gauge("prefix_cache_disk_hit_tokens_total", stats.cached_tokens_disk, "counter"),
         *_gauge("generation_tokens_total", stats.generation_tokens, "counter"),
+        *_gauge("spec_drafted_tokens_total", stats.spec_drafted, "counter"),
+        *_gauge("spec_accepted_tokens_total", stats.spec_accepted, "counter"),
+        *_gauge("spec_steps_total", stats.spec_steps, "counter"),
         *_histogram(f"{_P}_time_to_first_token_seconds", stats.ttft),
         *_histogram(f"{_P}_inter_token_latency_seconds", stats.itl),
     ]

@@ -28,7 +28,7 @@ def guarded(session_home):
 
 def post(server, body, path="/v1/chat/completions", **kw) -> httpx.Response:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.post(server.url + path, content=content, timeout=60,
+    return httpx.post(server.url + path, content=content, timeout=300,
                       headers={"content-type": "application/json", **kw.pop("headers", {})}, **kw)
 
 
