@@ -54,8 +54,10 @@ class SchedulerConfig:
     max_chunk: int = 512        # llama.cpp's n_ubatch: a longer chunk is cut again there
     spec: SpecConfig = SpecConfig()     # prompt-lookup speculation (off by default)
     # Guessed tokens one step may check across all sequences: each costs a
-    # row of compute, so the per-sequence draft shrinks as the batch fills.
-    spec_rows: int = 16
+    # row of compute, so the per-sequence draft shrinks as the batch fills
+    # and stops at 9+ decoding sequences (scripts/bench_spec.py measured
+    # speculation slower than plain decoding at 16 on 2 cores).
+    spec_rows: int = 8
     n_ctx_seq: int = 1 << 30    # a sequence's KV room: guesses must fit it
 
 

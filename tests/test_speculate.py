@@ -73,7 +73,7 @@ def decoding(s: Scheduler, n: int) -> list[Sequence]:
     return seqs
 
 
-@pytest.mark.parametrize("n_seqs,per_seq", [(1, 8), (2, 8), (4, 4), (16, 1), (17, 0)])
+@pytest.mark.parametrize("n_seqs,per_seq", [(1, 8), (2, 4), (4, 2), (8, 1), (9, 0), (16, 0)])
 def test_the_draft_shrinks_as_the_batch_fills(n_seqs, per_seq):
     s = Scheduler(SchedulerConfig(32, 512, spec=SpecConfig("ngram", 8, 1), tile=1))
     decoding(s, n_seqs)
