@@ -24,7 +24,7 @@ from llmctl.server.body import json_body
 from llmctl.server.chat_output import ChatShaper
 from llmctl.server.choices import ChoiceWriter
 from llmctl.server.protocol import ParsedRequest, ResponseIds, parse_request
-from llmctl.server.state import ServerState, state_of
+from llmctl.server.state import ServerState, leased, state_of
 
 router = APIRouter()
 
@@ -61,14 +61,7 @@ async def _generate(request: Request, chat: bool) -> Response:
     state = state_of(request)
     req = parse_request(await json_body(request), chat, state.defaults)
     lease = await state.lease(req.model, req.keep_alive)
-    try:
-        response = await _respond(request, state, req, lease, chat)
-    except BaseException:
-        lease.release()
-        raise
-    if not isinstance(response, StreamingResponse):
-        lease.release()
-    return response
+    return await leased(lease, _respond(request, state, req, lease, chat))
 
 
 async def _respond(request: Request, state: ServerState, req: ParsedRequest, lease: Lease,

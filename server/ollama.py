@@ -39,7 +39,7 @@ from llmctl.server.ollama_request import (
     reasoning_format,
     rfc3339,
 )
-from llmctl.server.state import ServerState, state_of
+from llmctl.server.state import ServerState, leased, state_of
 from llmctl.server.tool_protocol import Structured
 
 router = APIRouter(route_class=OllamaRoute)
@@ -97,14 +97,7 @@ async def _generate(request: Request, state: ServerState, req: _Request, start: 
         return await _load_or_unload(state, req)
     lease = await state.lease(req.model, req.keep_alive)
     load_s = time.monotonic() - start
-    try:
-        response = await _respond(request, state, req, lease, _Timing(start, load_s))
-    except BaseException:
-        lease.release()
-        raise
-    if not isinstance(response, StreamingResponse):
-        lease.release()
-    return response
+    return await leased(lease, _respond(request, state, req, lease, _Timing(start, load_s)))
 
 
 async def _load_or_unload(state: ServerState, req: _Request) -> Response:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import Awaitable
 
 from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
 
 from llmctl.errors import EngineFailed, InvalidParams, ModelLoading, ModelNotFound
 from llmctl.runtime.pool import Lease, ModelPool, parse_keep_alive
@@ -77,6 +79,19 @@ class ServerState:
             if entry.llm is not None and not entry.llm.engine.alive:
                 return "error", f"the engine of {entry.name!r} has stopped: {entry.llm.engine.failure}"
         return "ok", None
+
+
+async def leased(lease: Lease, respond: Awaitable[Response]) -> Response:
+    """Await `respond` on `lease`: released when it fails or returns a whole
+    response; a streaming response releases it when its stream ends."""
+    try:
+        response = await respond
+    except BaseException:
+        lease.release()
+        raise
+    if not isinstance(response, StreamingResponse):
+        lease.release()
+    return response
 
 
 def request_keep_alive(raw) -> float | None:
