@@ -104,7 +104,8 @@ def _batch(session: ChatSession) -> None:
 @o.with_generation
 def chat(gen: o.Generation, model: o.ModelArg = None, kv_type: o.KvTypeOpt = o.KvType("f16"),
          spec: o.SpecOpt = o.Spec.none, draft_max: o.DraftMax = 8,
-         draft_min: o.DraftMin = 1) -> None:
+         draft_min: o.DraftMin = 1, draft: o.DraftOpt = None,
+         draft_p_min: o.DraftPMin = 0.75) -> None:
     """Chat with a model in the terminal.
 
     Example: llmctl chat smollm2 --system "Answer briefly." --temperature 0.7
@@ -114,7 +115,7 @@ def chat(gen: o.Generation, model: o.ModelArg = None, kv_type: o.KvTypeOpt = o.K
 
     params = gen.sampling()
     with LLM.load(model, gen.load(kv_type=kv_type.value,
-                                  **o.spec_fields(spec, draft_max, draft_min))) as llm:
+                                  **o.spec_fields(spec, draft_max, draft_min, draft, draft_p_min))) as llm:
         session = ChatSession(llm, params, system=gen.system)
         if sys.stdin.isatty():
             _interactive(session)

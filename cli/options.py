@@ -157,14 +157,23 @@ KvTypeOpt = Annotated[KvType, typer.Option(
 class Spec(str, Enum):
     none = "none"
     ngram = "ngram"
+    draft = "draft"
 
 
 # Speculative decoding: declared once for serve, run and chat.
 SpecOpt = Annotated[Spec, typer.Option(
     "--spec", envvar="LLMCTL_SPEC",
-    help="ngram: guess the next tokens from the prompt and output so far (prompt lookup) and "
-         "check them in one batched step; the output is exactly the same, often faster on "
-         "edits, code and RAG answers.")]
+    help="Guess the next tokens and check them in one batched step; the output is exactly the "
+         "same. ngram: from the prompt and output so far (prompt lookup; edits, code, RAG "
+         "answers). draft: with a small model of the same family (--draft, or the model's "
+         "registry default).")]
+DraftOpt = Annotated[Optional[str], typer.Option(
+    "--draft", envvar="LLMCTL_DRAFT", metavar="MODEL",
+    help="Draft model for speculation (turns --spec draft on): a registry name, store name or "
+         "GGUF path with the same tokenizer, e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b.")]
+DraftPMin = Annotated[float, typer.Option(
+    "--draft-p-min", min=0.0, max=1.0, envvar="LLMCTL_DRAFT_P_MIN",
+    help="A draft model stops guessing where its top token's probability is below this.")]
 DraftMax = Annotated[int, typer.Option(
     "--draft-max", min=1, max=64, envvar="LLMCTL_DRAFT_MAX",
     help="Most guessed tokens per step (fewer as the batch fills).")]
@@ -173,7 +182,8 @@ DraftMin = Annotated[int, typer.Option(
     help="Don't speculate with fewer guesses than this.")]
 
 
-def spec_fields(spec: Spec, draft_max: int, draft_min: int) -> dict:
+def spec_fields(spec: Spec, draft_max: int, draft_min: int, draft: str | None = None,
+                draft_p_min: float = 0.75) -> dict:
     """The LoadOptions fields of the speculation options."""
     return {"spec": None if spec is Spec.none else spec.value, "draft_max": draft_max,
-            "draft_min": draft_min}
+            "draft_min": draft_min, "draft": draft, "draft_p_min": draft_p_min}

@@ -28,6 +28,8 @@ def run(
     spec: o.SpecOpt = o.Spec.none,
     draft_max: o.DraftMax = 8,
     draft_min: o.DraftMin = 1,
+    draft: o.DraftOpt = None,
+    draft_p_min: o.DraftPMin = 0.75,
     json: o.Json = False,
 ) -> None:
     """Answer one prompt and exit.
@@ -43,7 +45,7 @@ def run(
     # One prompt, one answer: a prefix cache would only cost us flash
     # attention (the engine turns it off for exact cache hits) for no reuse.
     load = gen.load(prefix_cache=False, kv_type=kv_type.value,
-                    **o.spec_fields(spec, draft_max, draft_min))
+                    **o.spec_fields(spec, draft_max, draft_min, draft, draft_p_min))
     result = run_prompt(model, text, params, load, system=gen.system,
                         on_text=None if json else write_out)
     if json:

@@ -57,6 +57,8 @@ def serve(
     spec: o.SpecOpt = o.Spec.none,
     draft_max: o.DraftMax = 8,
     draft_min: o.DraftMin = 1,
+    draft: o.DraftOpt = None,
+    draft_p_min: o.DraftPMin = 0.75,
     prefix_cache_size: Annotated[float, typer.Option(
         "--prefix-cache-size", min=0.0, envvar="LLMCTL_PREFIX_CACHE_SIZE",
         help="Disk budget of the prefix KV cache, in GB.")] = 4.0,
@@ -105,7 +107,7 @@ def serve(
                        max_num_batched_tokens=max_num_batched_tokens, max_queue=max_queue,
                        prefix_cache=not no_prefix_cache, prefix_cache_size_gb=prefix_cache_size,
                        flash_attn={"auto": None, "on": True, "off": False}[flash_attn.value],
-                       kv_type=kv_type.value, **o.spec_fields(spec, draft_max, draft_min))
+                       kv_type=kv_type.value, **o.spec_fields(spec, draft_max, draft_min, draft, draft_p_min))
     from llmctl.runtime.pool import parse_keep_alive
     from llmctl.server.serve import PoolSettings
     from llmctl.server.serve import serve as serve_model

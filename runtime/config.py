@@ -25,10 +25,14 @@ class LoadOptions:
     flash_attn: bool | None = None       # None: on for a quantized KV, else unless the prefix cache is on
     prefix_cache: bool = True
     prefix_cache_size_gb: float = 4.0
-    # Prompt-lookup speculation: None (off) or "ngram"; guesses per step.
+    # Speculation: None (off), "ngram" (prompt lookup) or "draft" (a draft
+    # model: `draft`, else the registry's default draft for the model);
+    # naming a draft alone means "draft". Guesses per step.
     spec: str | None = None
+    draft: str | None = None
     draft_max: int = 8
     draft_min: int = 1
+    draft_p_min: float = 0.75
     kv_type: str = "f16"                 # K and V cache element type: a KV_TYPES name
 
     def __post_init__(self) -> None:
@@ -52,11 +56,15 @@ class LoadOptions:
             self.spec_config
         except ValueError as e:
             raise UsageError(f"speculation: {e}") from None
+        if self.draft is not None and self.spec == "ngram":
+            raise UsageError("--draft names a draft model, which --spec ngram does not use; "
+                             "use --spec draft (or leave --spec out)")
 
     @property
     def spec_config(self) -> SpecConfig:
         """The speculation settings. Raises ValueError for bad values."""
-        return SpecConfig(self.spec, self.draft_max, self.draft_min)
+        mode = self.spec or ("draft" if self.draft else None)
+        return SpecConfig(mode, self.draft_max, self.draft_min, self.draft_p_min)
 
     def _check_kv_type(self) -> None:
         if self.kv_type not in KV_TYPES:

@@ -21,6 +21,7 @@ from llmctl.errors import ContextOverflow, DecodeError, EngineFailed, InvalidPar
 from llmctl.runtime.backend import ContextConfig, LlamaContext, LlamaModel, Sampler, validate_sampling
 from llmctl.runtime.config import EngineShape, LoadOptions
 from llmctl.runtime.detok import StopMatcher, Utf8Stream
+from llmctl.runtime.draft import Drafter
 from llmctl.runtime.events import ErrorEvent, FinishEvent, TokenEvent, Usage
 from llmctl.runtime.logprobs import TokenLogprob, token_logprob
 from llmctl.runtime.sampling import SamplingParams
@@ -48,7 +49,7 @@ class Engine:
     its thread has died; `alive` and `failure` say so to health checks."""
 
     def __init__(self, model: LlamaModel, opts: LoadOptions, shape: EngineShape,
-                 prefix_cache: Any = None):
+                 prefix_cache: Any = None, draft_model: LlamaModel | None = None):
         self.model = model
         self.flash_attn = opts.use_flash_attn
         self.ctx = LlamaContext(model, ContextConfig(
@@ -64,6 +65,11 @@ class Engine:
             prefix_sharing=prefix_cache is not None, tile=64 if self.flash_attn else 1,
             spec=opts.spec_config, n_ctx_seq=self.n_ctx_seq))
         self.prefix_cache = prefix_cache
+        # The draft model's context mirrors the target's slots and sizes.
+        self.drafter = None if draft_model is None else Drafter(draft_model, ContextConfig(
+            n_ctx_seq=self.n_ctx_seq, n_seq_max=opts.max_num_seqs,
+            n_batch=opts.max_num_batched_tokens, n_threads=shape.n_threads,
+            flash_attn=self.flash_attn), opts.spec_config.p_min)
         self.failure: str | None = None
         self._streams: dict[int, _Stream] = {}
         self._cv = threading.Condition()
@@ -119,6 +125,8 @@ class Engine:
         self._end_all(lambda seq: self._finish(seq, "cancelled"))
         if self.prefix_cache is not None:
             self.prefix_cache.close()
+        if self.drafter is not None:
+            self.drafter.close()
         self.ctx.close()
 
     # ---- the engine thread ------------------------------------------------------
@@ -143,8 +151,22 @@ class Engine:
             self._guard(seq, self._finish, seq, "cancelled")
         self._admit()
         plan = self.scheduler.schedule()
+        if self.drafter is not None:
+            self._draft(plan)
         if plan:
             self._decode(plan)
+
+    def _draft(self, plan: list[Work]) -> None:
+        """Fill in the draft model's guesses for the sequences the scheduler
+        gave room to guess; too few guesses is a plain step."""
+        asks = [w for w in plan if w.room]
+        if not asks:
+            return
+        guesses = self.drafter.propose([(w.seq.slot, w.seq.tokens, w.room) for w in asks])
+        for w, draft in zip(asks, guesses):
+            if len(draft) >= self.scheduler.cfg.spec.draft_min:
+                w.draft = draft
+                w.tokens = [w.tokens[0], *draft]
 
     def _guard(self, seq: Sequence, fn: Callable, *args: Any) -> None:
         """Run one sequence's share of a step; its error fails it alone."""

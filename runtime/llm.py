@@ -8,11 +8,12 @@ import queue
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from llmctl.errors import ContextOverflow, InvalidParams
+from llmctl.errors import ContextOverflow, InvalidParams, UsageError
 from llmctl.runtime import planner
 from llmctl.runtime.backend import LlamaModel, supports_gpu_offload
 from llmctl.runtime.bridge import EventBridge
 from llmctl.runtime.config import EngineShape, LoadOptions
+from llmctl.runtime.draft import check_compatible
 from llmctl.runtime.engine import Engine
 from llmctl.runtime.events import ErrorEvent, FinishEvent, TokenEvent, Usage
 from llmctl.runtime.logprobs import TokenLogprob
@@ -22,6 +23,7 @@ from llmctl.runtime.sequence import Sequence
 from llmctl.runtime.stats import Stats
 from llmctl.runtime.system import default_threads, list_gpus
 from llmctl.runtime.template import ChatTemplate, normalize_messages
+from llmctl.store.registry import load_registry
 from llmctl.store.resolve import ResolvedModel, resolve_model
 
 DEFAULT_CTX = 4096
@@ -62,6 +64,36 @@ def _gpu_layers(resolved: ResolvedModel, opts: LoadOptions, n_ctx: int) -> int:
                                    n_ctx * opts.max_num_seqs, capable)
 
 
+def draft_for(resolved: ResolvedModel, opts: LoadOptions) -> ResolvedModel | None:
+    """The draft model `opts` asks for: the one named, else the registry's
+    default draft for `resolved`; None without `--spec draft`. Raises
+    UsageError when there is none, and what resolving it raises."""
+    if opts.spec_config.mode != "draft":
+        return None
+    entry = load_registry().get(resolved.name)
+    ref = opts.draft or (entry.draft if entry else None)
+    if not ref:
+        raise UsageError(f"--spec draft: no draft model for {resolved.name!r}; name one with "
+                         "--draft MODEL (or give it `draft` in models.toml)")
+    return resolve_model(ref)
+
+
+def check_draft(resolved: ResolvedModel, opts: LoadOptions) -> None:
+    """Compare the vocabularies of `resolved` and its draft (loading only
+    those), so a server refuses a bad pair before it listens. Raises what
+    draft_for and check_compatible raise."""
+    ref = draft_for(resolved, opts)
+    if ref is None:
+        return
+    target = LlamaModel(resolved.path, vocab_only=True)
+    draft = LlamaModel(ref.path, vocab_only=True)
+    try:
+        check_compatible(target, draft, (resolved.name, ref.name))
+    finally:
+        draft.close()
+        target.close()
+
+
 class LLM:
     def __init__(self, resolved: ResolvedModel, opts: LoadOptions):
         self.name = resolved.name
@@ -77,12 +109,34 @@ class LLM:
             bos_token=self.model.token_text(self.model.bos),
             eos_token=self.model.token_text(self.model.eos))
         self.prefix_cache = PrefixCache() if opts.prefix_cache else None
-        self.engine = Engine(self.model, opts,
-                             EngineShape(n_ctx_seq=n_ctx, n_threads=opts.threads or default_threads()),
-                             prefix_cache=self.prefix_cache)
+        self.draft_name, self.draft_model = self._load_draft()
+        try:
+            self.engine = Engine(self.model, opts,
+                                 EngineShape(n_ctx_seq=n_ctx, n_threads=opts.threads or default_threads()),
+                                 prefix_cache=self.prefix_cache, draft_model=self.draft_model)
+        except BaseException:
+            if self.draft_model is not None:
+                self.draft_model.close()
+            raise
         if self.prefix_cache is not None:
             self.prefix_cache.open_disk(self, self.engine)
         self._bridges: dict[int, EventBridge] = {}
+
+    def _load_draft(self) -> tuple[str | None, LlamaModel | None]:
+        """The draft model of `--spec draft`, loaded and checked. Raises
+        what draft_for raises, and UsageError for another tokenizer."""
+        ref = draft_for(self.resolved, self.opts)
+        if ref is None:
+            return None, None
+        # On a GPU the small draft goes there whole: its per-token cost is
+        # what speculation must keep below the target's.
+        draft = LlamaModel(ref.path, n_gpu_layers=999 if self.n_gpu_layers else 0)
+        try:
+            check_compatible(self.model, draft, (self.name, ref.name))
+        except BaseException:
+            draft.close()
+            raise
+        return ref.name, draft
 
     @classmethod
     def load(cls, model: str | None, opts: LoadOptions | None = None) -> "LLM":
@@ -170,6 +224,8 @@ class LLM:
 
     def close(self) -> None:
         self.engine.close()
+        if self.draft_model is not None:
+            self.draft_model.close()
         self.model.close()
 
     def __enter__(self) -> "LLM":

@@ -13,7 +13,7 @@ import logging
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -130,6 +130,16 @@ class ModelPool:
         for name in (resolved.name, *aliases):
             self._named[name] = resolved
 
+    def _opts_for(self, resolved: ResolvedModel) -> LoadOptions:
+        """A server's --draft is the draft of the model named with it on the
+        command line; under --spec draft every other model uses its registry
+        draft, or decodes plainly when it has none."""
+        opts = self.opts
+        if opts.spec_config.mode != "draft" or resolved.name in self.named():
+            return opts
+        entry = load_registry().get(resolved.name)
+        return replace(opts, draft=None, spec="draft" if entry and entry.draft else None)
+
     def named(self) -> list[str]:
         """The names of the models given on the command line."""
         return list(dict.fromkeys(r.name for r in self._named.values()))
@@ -183,7 +193,7 @@ class ModelPool:
             if entry.llm is not None:
                 return Lease(self, entry)
         try:
-            llm = self._load(resolved, self.opts)
+            llm = self._load(resolved, self._opts_for(resolved))
         except BaseException as e:
             with self._cv:
                 entry.error = e

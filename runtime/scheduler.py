@@ -68,6 +68,7 @@ class Work:
     pos: int            # position of tokens[0] in the sequence
     sample: bool        # this chunk ends the known tokens: sample after it
     draft: list[int] = field(default_factory=list)  # guesses after tokens[0] (speculation)
+    room: int = 0       # guesses a draft model may add (the engine asks it)
 
 
 class Scheduler:
@@ -263,7 +264,11 @@ class Scheduler:
     def _decode_work(self, seq: Sequence, k: int) -> Work:
         room = min(k, seq.max_new - len(seq.output) - 1,
                    self.cfg.n_ctx_seq - len(seq.prompt) - len(seq.output) - 1)
-        draft = ngram_draft(seq.tokens, room) if room >= self.cfg.spec.draft_min else []
+        if room < self.cfg.spec.draft_min:
+            room = 0
+        if self.cfg.spec.mode == "draft":
+            return Work(seq, [seq.output[-1]], seq.n_computed, True, room=room)
+        draft = ngram_draft(seq.tokens, room) if room else []
         return Work(seq, [seq.output[-1], *draft], seq.n_computed, True, draft)
 
     def _chunk(self, seq: Sequence, budget: int) -> int:

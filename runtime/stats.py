@@ -82,6 +82,7 @@ class Stats:
                 "prefix_cache_hit_tokens_memory": self.cached_tokens_memory,
                 "prefix_cache_hit_tokens_disk": self.cached_tokens_disk,
                 "generation_tokens": self.generation_tokens,
+                "spec_steps": self.spec_steps,
                 "spec_drafted_tokens": self.spec_drafted,
                 "spec_accepted_tokens": self.spec_accepted,
                 "spec_acceptance_rate": round(self.spec_acceptance, 4),

@@ -12,6 +12,7 @@ from typing import Callable
 
 from llmctl.errors import UsageError
 from llmctl.runtime.config import LoadOptions
+from llmctl.runtime.llm import check_draft
 from llmctl.runtime.pool import FOREVER, ModelPool
 from llmctl.server.app import create_app
 from llmctl.server.state import HttpPolicy, ServerState
@@ -74,6 +75,8 @@ def serve(model: str | None, host: str, port: int, load: LoadOptions,
 
     settings = settings or PoolSettings()
     resolved = resolve_model(model) if model else None
+    if resolved is not None:
+        check_draft(resolved, load)     # a bad draft pair fails now, not after listening
     _check_port(host, port)
     pool = ModelPool(load, models_max=settings.models_max,
                      memory_budget=settings.memory_budget or default_memory_budget(),

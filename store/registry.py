@@ -30,6 +30,7 @@ class RegistryModel:
     parts_file: str | None = None
     parts_version: str | None = None
     sha256: str | None = None
+    draft: str | None = None            # registry name of a default draft model (--spec draft)
 
     @property
     def offline(self) -> bool:

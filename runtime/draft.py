@@ -1,0 +1,143 @@
+"""Draft-model speculation (`--draft MODEL`): a small model with the target's
+tokenizer guesses each speculating sequence's next tokens, and the target
+checks every sequence's guesses in its one batched decode (engine.py).
+
+The draft runs in its own llama_context with one KV stream per target slot.
+It remembers which tokens each slot's KV holds, so a step feeds it only
+what it has not seen: the prompt once, then the tokens the target accepted
+since. Its guesses are its greedy choices, cut short where it is unsure
+(top probability under `p_min`, as llama-server's --draft-p-min): a guess
+the target will likely reject costs a row of target compute for nothing.
+
+Guesses never change the output: the engine keeps one only where the
+target's own sampler picks the same token (speculate.py), so a draft that
+is wrong, slow or failing only costs speed."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from llmctl.errors import DecodeError, UsageError
+from llmctl.runtime.backend import ContextConfig, LlamaContext, LlamaModel
+from llmctl.runtime.scheduler import usable_prefix
+
+log = logging.getLogger("llmctl.draft")
+
+# Tokens compared between the two vocabularies: every special one and an
+# even spread of the rest. Tokenizers that differ (another merge table or
+# id order) differ nearly everywhere, and this keeps the check to a few ms
+# where comparing all 150k pieces of a Qwen vocabulary takes a second.
+_VOCAB_SAMPLE = 4096
+
+
+def check_compatible(target: LlamaModel, draft: LlamaModel, names: tuple[str, str]) -> None:
+    """Refuse a draft whose tokens mean something else than the target's:
+    its guesses would be token ids of another vocabulary. Raises
+    UsageError naming the first difference."""
+    t_name, d_name = names
+    why = None
+    if target.n_vocab != draft.n_vocab:
+        why = f"vocabularies of {target.n_vocab:,} and {draft.n_vocab:,} tokens"
+    elif (target.bos, target.eos, target.add_bos) != (draft.bos, draft.eos, draft.add_bos):
+        why = "different BOS/EOS tokens"
+    else:
+        step = max(1, target.n_vocab // _VOCAB_SAMPLE)
+        ids = sorted(set(range(0, target.n_vocab, step)) | set(target.eog_tokens)
+                     | set(draft.eog_tokens))
+        for tok in ids:
+            a, b = target.piece(tok, special=True), draft.piece(tok, special=True)
+            if a != b:
+                why = f"token {tok} is {a!r} in {t_name} and {b!r} in {d_name}"
+                break
+    if why:
+        raise UsageError(f"draft model {d_name!r} does not share {t_name!r}'s tokenizer ({why}); "
+                         "pick a draft from the same model family")
+
+
+class Drafter:
+    """Guesses for many sequences at once, one draft decode per guessed
+    position. Raises what LlamaContext raises when its context cannot be
+    made; `propose` never raises (a failed draft decode means no guesses)."""
+
+    def __init__(self, model: LlamaModel, cfg: ContextConfig, p_min: float):
+        self.model = model
+        self.ctx = LlamaContext(model, cfg)
+        self.n_batch = cfg.n_batch
+        self.p_min = p_min
+        self._have: dict[int, list[int]] = {}   # slot -> tokens in its draft KV
+
+    def propose(self, wants: list[tuple[int, list[int], int]]) -> list[list[int]]:
+        """For each (slot, tokens so far, k): up to k guessed next tokens."""
+        guesses: list[list[int]] = [[] for _ in wants]
+        try:
+            live = self._catch_up(wants, guesses)
+            while live:
+                live = self._extend(wants, guesses, live)
+        except DecodeError as e:
+            log.warning("draft model decode failed, no guesses this step: %s", e)
+            for slot, _, _ in wants:
+                self._forget(slot)
+            return [[] for _ in wants]
+        for (slot, tokens, _), g in zip(wants, guesses):
+            # Its last guess was never fed back: the KV ends just before it.
+            self._have[slot] = tokens + g[:-1]
+        return guesses
+
+    def _catch_up(self, wants, guesses) -> list[int]:
+        """Feed each slot what its draft KV lacks (the whole prompt the first
+        time), chunked to the batch size; guess once from each last row.
+        Returns the items that may guess further."""
+        todo = []
+        for i, (slot, tokens, _) in enumerate(wants):
+            n = usable_prefix(self._have.get(slot, []), tokens)
+            self.ctx.seq_rm(slot, n, -1)
+            todo.append((i, slot, n))
+        live = []
+        while todo:
+            items, left, budget = [], [], self.n_batch
+            for i, slot, pos in todo:
+                tokens = wants[i][1]
+                take = min(len(tokens) - pos, budget)
+                if take <= 0:
+                    left.append((i, slot, pos))
+                    continue
+                budget -= take
+                last = pos + take == len(tokens)
+                items.append((i, slot, tokens[pos:pos + take], pos, last))
+                if not last:
+                    left.append((i, slot, pos + take))
+            rows = self.ctx.decode([(slot, chunk, pos, int(last)) for _, slot, chunk, pos, last in items])
+            for (i, _, _, _, last), row in zip(items, rows):
+                if last and self._guess(guesses[i], row) and wants[i][2] > 1:
+                    live.append(i)
+            todo = left
+        return live
+
+    def _extend(self, wants, guesses, live: list[int]) -> list[int]:
+        """One more guess for each live item: feed its latest guess."""
+        items = [(wants[i][0], [guesses[i][-1]], len(wants[i][1]) + len(guesses[i]) - 1, 1)
+                 for i in live]
+        rows = self.ctx.decode(items)
+        return [i for i, row in zip(live, rows)
+                if self._guess(guesses[i], row) and len(guesses[i]) < wants[i][2]]
+
+    def _guess(self, out: list[int], row: int) -> bool:
+        """Append the draft's greedy token when it is sure enough; whether it was."""
+        logits = self.ctx.logits(row)
+        tok = int(np.argmax(logits))
+        # The top token's softmax probability, without normalising the rest.
+        p_top = 1.0 / float(np.exp(logits - logits[tok]).sum())
+        if p_top < self.p_min:
+            return False
+        out.append(tok)
+        return True
+
+    def _forget(self, slot: int) -> None:
+        self.ctx.seq_rm(slot)
+        self._have.pop(slot, None)
+
+    def close(self) -> None:
+        self.ctx.close()
+
