@@ -72,10 +72,10 @@ SLOTS = 16
 CTX_PER_SEQ = 1024
 
 
-def stream(url: str, kind: str, tokens: int) -> dict:
+def stream(url: str, kind: str, tokens: int, model: str) -> dict:
     """One greedy streamed chat request: text, tokens, decode rate, and the
     server's draft counters when it reports them."""
-    body = {"model": "m", "messages": [{"role": "user", "content": PROMPTS[kind]}],
+    body = {"model": model, "messages": [{"role": "user", "content": PROMPTS[kind]}],
             "max_tokens": tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     text, first, last, usage, timings = [], None, None, None, {}
@@ -106,12 +106,12 @@ def spec_counts(url: str) -> tuple[int, int, int]:
     return s["spec_steps"], s["spec_drafted_tokens"], s["spec_accepted_tokens"]
 
 
-def single(url: str, tokens: int, ours: bool) -> dict:
+def single(url: str, model: str, tokens: int, ours: bool) -> dict:
     out = {}
-    stream(url, "chat", 8)      # warm-up
+    stream(url, "chat", 8, model)      # warm-up
     for kind in PROMPTS:
         before = spec_counts(url) if ours else None
-        r = stream(url, kind, tokens)
+        r = stream(url, kind, tokens, model)
         if ours:
             after = spec_counts(url)
             r["steps"], r["drafted"], r["accepted"] = (a - b for a, b in zip(after, before))
@@ -119,12 +119,12 @@ def single(url: str, tokens: int, ours: bool) -> dict:
     return out
 
 
-def loaded(url: str, level: int, tokens: int) -> dict:
+def loaded(url: str, model: str, level: int, tokens: int) -> dict:
     kinds = [("edit", "chat")[i % 2] for i in range(level)]
     before = spec_counts(url)
     start = time.perf_counter()
     with ThreadPoolExecutor(level) as pool:
-        done = list(pool.map(lambda k: stream(url, k, tokens), kinds))
+        done = list(pool.map(lambda k: stream(url, k, tokens, model), kinds))
     wall = time.perf_counter() - start
     steps, drafted, accepted = (a - b for a, b in zip(spec_counts(url), before))
     return {"tok_s": sum(d["tokens"] for d in done) / wall, "drafted": drafted,
@@ -153,13 +153,14 @@ def run(args) -> dict:
     for name, argv in llmctl_arms(args.target, args.draft, args.threads).items():
         print(f"== {name}", file=sys.stderr, flush=True)
         with Server.llmctl_serve(*argv) as srv:
-            results[name] = {"single": single(srv.url, args.tokens, True),
-                             "loaded": {c: loaded(srv.url, c, args.tokens) for c in args.levels}}
+            results[name] = {"single": single(srv.url, args.target, args.tokens, True),
+                             "loaded": {c: loaded(srv.url, args.target, c, args.tokens)
+                                        for c in args.levels}}
     if args.llama_server is not None:
         for name, argv in peer_arms(args.llama_server, args.target, args.draft, args.threads).items():
             print(f"== {name}", file=sys.stderr, flush=True)
             with Server(argv, name="llama-server") as srv:
-                results[name] = {"single": single(srv.url, args.tokens, False)}
+                results[name] = {"single": single(srv.url, args.target, args.tokens, False)}
     return results
 
 

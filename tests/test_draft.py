@@ -4,11 +4,13 @@ itself re-quantized to Q3_K_S: the same tokenizer with different logits, so
 its guesses are sometimes wrong and the rejection path runs, as with a real
 small draft (the benchmark pairs Qwen2.5-Coder 0.5B and 1.5B)."""
 
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 from llmctl.errors import UsageError
@@ -169,3 +171,32 @@ def test_draft_speculation_with_the_prefix_cache_and_concurrency(tmp_path, monke
     assert again.text == got[0].text
     assert stats.spec_accepted > 0 and stats.cached_tokens > 0
     assert stats.requests["ok"] == 5
+
+
+@pytest.mark.slow
+def test_serve_and_run_with_a_draft(session_home, draft_file):
+    # Through the CLI as a user runs it: `run` gives plain decoding's answer,
+    # and the server answers n=2 and a stream with the draft on, counting it.
+    import openai
+
+    from llmctl.bench.launcher import Server
+
+    env = {"LLMCTL_HOME": str(session_home)}
+    # `run` keeps no prefix cache, so flash attention is on: exact, as above.
+    ask = ["run", "smollm2", "List three fruits.", "--temperature", "0", "--max-tokens", "24"]
+    runs = [subprocess.run([sys.executable, "-m", "llmctl", *ask, *extra], capture_output=True,
+                           text=True, timeout=300, env={**os.environ, **env})
+            for extra in ([], ["--draft", str(draft_file)])]
+    assert runs[0].returncode == 0 and runs[0].stdout.strip()
+    assert runs[1].stdout == runs[0].stdout
+    with Server.llmctl_serve("smollm2", "--ctx-size", "1024", "--max-num-seqs", "4",
+                             "--draft", str(draft_file), env=env) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=300)
+        msgs = [{"role": "user", "content": "Count from one to ten in words."}]
+        two = client.chat.completions.create(model="smollm2", messages=msgs, n=2, max_tokens=32,
+                                             temperature=0.8, seed=5)
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model="smollm2", messages=msgs, max_tokens=32, temperature=0, stream=True))
+        stats = httpx.get(srv.url + "/stats", timeout=30).json()
+    assert len(two.choices) == 2 and all(c.message.content for c in two.choices)
+    assert streamed and stats["spec_steps"] > 0 and stats["spec_accepted_tokens"] > 0
