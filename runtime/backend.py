@@ -148,12 +148,14 @@ def system_info() -> str:
 class LlamaModel:
     """A loaded model: weights and vocabulary."""
 
-    def __init__(self, path: str | Path, *, n_gpu_layers: int = 0, vocab_only: bool = False):
+    def __init__(self, path: str | Path, *, n_gpu_layers: int = 0, vocab_only: bool = False,
+                 repack: bool = True):
         init_backend()
         self.path = Path(path)
         params = lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.vocab_only = vocab_only
+        params.use_extra_bufts = repack
         self.ptr = lc.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:
             raise BadModelFile(f"{self.path}: llama.cpp could not load this model "

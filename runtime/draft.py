@@ -30,6 +30,10 @@ log = logging.getLogger("llmctl.draft")
 # id order) differ nearly everywhere, and this keeps the check to a few ms
 # where comparing all 150k pieces of a Qwen vocabulary takes a second.
 _VOCAB_SAMPLE = 4096
+# A sequence with few tokens left is not worth catching the draft up on a
+# long prompt for (a sequence that becomes one of the last two decoding
+# in a full batch, say): see Drafter.worth.
+CATCH_UP_PER_TOKEN = 8
 
 
 def check_compatible(target: LlamaModel, draft: LlamaModel, names: tuple[str, str]) -> None:
@@ -67,6 +71,14 @@ class Drafter:
         self.n_batch = cfg.n_batch
         self.p_min = p_min
         self._have: dict[int, list[int]] = {}   # slot -> tokens in its draft KV
+
+    def worth(self, slot: int, tokens: list[int], remaining: int) -> bool:
+        """Whether drafting for this sequence can pay: what the draft must
+        first catch up on (its whole prompt, the first time) runs as a
+        prefill at several times its decode rate, so it must not exceed
+        CATCH_UP_PER_TOKEN tokens per token left to generate."""
+        lacking = len(tokens) - usable_prefix(self._have.get(slot, []), tokens)
+        return lacking <= CATCH_UP_PER_TOKEN * remaining
 
     def propose(self, wants: list[tuple[int, list[int], int]]) -> list[list[int]]:
         """For each (slot, tokens so far, k): up to k guessed next tokens."""

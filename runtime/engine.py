@@ -159,7 +159,8 @@ class Engine:
     def _draft(self, plan: list[Work]) -> None:
         """Fill in the draft model's guesses for the sequences the scheduler
         gave room to guess; too few guesses is a plain step."""
-        asks = [w for w in plan if w.room]
+        asks = [w for w in plan if w.room and self.drafter.worth(
+            w.seq.slot, w.seq.tokens, w.seq.max_new - len(w.seq.output))]
         if not asks:
             return
         guesses = self.drafter.propose([(w.seq.slot, w.seq.tokens, w.room) for w in asks])
@@ -246,7 +247,7 @@ class Engine:
             sampled.append(self._sample(seq, row + i))
             if i == len(w.draft) or sampled[-1][0] != w.draft[i]:
                 break
-        self.scheduler.record_spec(len(w.draft), len(sampled) - 1)
+        self.scheduler.record_spec(seq, len(w.draft), len(sampled) - 1)
         self.ctx.seq_rm(seq.slot, seq.n_computed + len(sampled) - 1, -1)
         for i, (token, lp) in enumerate(sampled):
             if i:

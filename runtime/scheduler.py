@@ -53,11 +53,12 @@ class SchedulerConfig:
     tile: int = 64
     max_chunk: int = 512        # llama.cpp's n_ubatch: a longer chunk is cut again there
     spec: SpecConfig = SpecConfig()     # prompt-lookup speculation (off by default)
-    # Guessed tokens one step may check across all sequences: each costs a
-    # row of compute, so the per-sequence draft shrinks as the batch fills
-    # and stops at 9+ decoding sequences (scripts/bench_spec.py measured
-    # speculation slower than plain decoding at 16 on 2 cores).
+    # Guessed tokens one step may check across all sequences, and the most
+    # decoding sequences that speculate at all: a checked row costs compute
+    # a full batch no longer has spare (scripts/bench_draft.py on 2 cores:
+    # one guess each at 8 sequences ran 0.67x plain decoding).
     spec_rows: int = 8
+    spec_seqs: int = 2
     n_ctx_seq: int = 1 << 30    # a sequence's KV room: guesses must fit it
 
 
@@ -109,7 +110,13 @@ class Scheduler:
         """(running, waiting, parked slots, free slots)."""
         return len(self.running), len(self._waiting), len(self._parked), len(self._free)
 
-    def record_spec(self, drafted: int, accepted: int) -> None:
+    def record_spec(self, seq: Sequence, drafted: int, accepted: int) -> None:
+        """Count a speculating step and set the sequence's next guess cap:
+        a checked row costs about a third of a decode step here (1.5B, 2
+        cores: 9 rows 480 ms against 1 row 125 ms), so a sequence whose
+        guesses keep failing checks one at a time, and one whose guesses hold
+        doubles its cap."""
+        seq.spec_cap = 2 * accepted + 1
         self._stats.record_spec(drafted, accepted)
 
     def make_stats(self) -> Stats:
@@ -255,14 +262,15 @@ class Scheduler:
         """Guesses per decoding sequence this step: none while prompts wait
         to be computed (they come first) and fewer as the batch fills."""
         spec = self.cfg.spec
-        if spec.mode is None or prefilling or self._waiting or not n_decoding:
+        if (spec.mode is None or prefilling or self._waiting or not n_decoding
+                or n_decoding > self.cfg.spec_seqs):
             return 0
         k = min(spec.draft_max, self.cfg.spec_rows // n_decoding,
                 self.cfg.max_num_batched_tokens // n_decoding - 1)
         return k if k >= spec.draft_min else 0
 
     def _decode_work(self, seq: Sequence, k: int) -> Work:
-        room = min(k, seq.max_new - len(seq.output) - 1,
+        room = min(k, seq.spec_cap, seq.max_new - len(seq.output) - 1,
                    self.cfg.n_ctx_seq - len(seq.prompt) - len(seq.output) - 1)
         if room < self.cfg.spec.draft_min:
             room = 0

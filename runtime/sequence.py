@@ -47,6 +47,7 @@ class Sequence:
     wait_for: "Sequence | None" = None  # the prefilling leader it waits for (WAITING_PREFIX)
     wait_until: int = 0                 # ...until the leader has computed this many tokens
     output: list[int] = field(default_factory=list)
+    spec_cap: int = 64                  # most guesses its next step may check (speculation)
     cancelled: bool = False
     finish_reason: str | None = None
     arrived: float = field(default_factory=time.perf_counter)

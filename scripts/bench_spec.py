@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
-"""Prompt-lookup speculation (`--spec ngram`) against plain decoding, side
-by side in one run, in-process through LLM: generated tokens/s at
-concurrency 1, 4 and 16 on prompts that repeat their input (an edit, code,
-a RAG answer) and on one that does not, medians over rounds that alternate
-between the two engines; plus the acceptance rate and whether every answer
-was token-identical to plain decoding (greedy).
+"""Speculation (`--spec ngram`, and `--draft` with a draft model) against
+plain decoding, side by side in one run, in-process through LLM: generated
+tokens/s at each concurrency on prompts that repeat their input (an edit,
+code, a RAG answer) and on one that does not, medians over rounds that
+alternate between the engines; plus acceptance rates and whether every
+answer was token-identical to plain decoding (greedy). `--spec-rows` sets
+the cap on guessed rows per step, to find where speculation stops paying.
 
-    .venv/bin/python scripts/bench_spec.py [--model qwen2.5-coder-0.5b] [--tokens 128]
-        [--rounds 3] [--json]
+    .venv/bin/python scripts/bench_spec.py [--model qwen2.5-coder-0.5b] [--draft MODEL]
+        [--tokens 128] [--rounds 3] [--levels 1,4,16] [--prompts edit,rag,free]
+        [--spec-rows N] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -45,56 +48,81 @@ def one_pass(llm: LLM, kind: str, concurrency: int, tokens: int) -> tuple[float,
     return sum(c.usage.completion_tokens for c in done) / wall, [c.text for c in done]
 
 
+def load_arms(args) -> dict[str, LLM]:
+    """plain, ngram and (with --draft) draft engines. Prefix cache off, so
+    every request computes the same work in each; flash attention on, the
+    kernel under which checked rows are exact. --spec-rows replaces the
+    scheduler's cap on guessed rows per step (the crossover experiment)."""
+    arms = {"plain": {}, "ngram": {"spec": "ngram"}}
+    if args.draft:
+        arms["draft"] = {"draft": args.draft}
+    engines = {}
+    for name, kw in arms.items():
+        llm = LLM.load(args.model, LoadOptions(max_num_seqs=16, threads=args.threads,
+                                               prefix_cache=False, flash_attn=True, **kw))
+        if args.spec_rows is not None:
+            sched = llm.engine.scheduler
+            sched.cfg = dataclasses.replace(sched.cfg, spec_rows=args.spec_rows)
+        engines[name] = llm
+    return engines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--draft", default=None, help="Also measure this draft model.")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--levels", default="1,4,16")
+    ap.add_argument("--prompts", default=",".join(PROMPTS))
+    ap.add_argument("--spec-rows", type=int, default=None,
+                    help="Guessed rows per step across sequences (default: the scheduler's).")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
-    engines = {}
-    for spec in (None, "ngram"):
-        # Prefix cache off, so every request computes the same work in both;
-        # flash attention on, the kernel under which checked rows are exact.
-        engines[spec or "plain"] = LLM.load(args.model, LoadOptions(
-            max_num_seqs=16, threads=args.threads, prefix_cache=False, flash_attn=True,
-            spec=spec))
+    kinds = args.prompts.split(",")
+    engines = load_arms(args)
     speed: dict = {}
     identical = True
     for _ in range(args.rounds):
-        for kind in PROMPTS:
+        for kind in kinds:
             for c in levels:
                 texts = {}
                 for name, llm in engines.items():
                     tps, texts[name] = one_pass(llm, kind, c, args.tokens)
                     speed.setdefault((kind, c, name), []).append(tps)
-                identical &= texts["plain"] == texts["ngram"]
-    stats = engines["ngram"].stats()
+                identical &= all(t == texts["plain"] for t in texts.values())
+    stats = {name: llm.stats() for name, llm in engines.items() if name != "plain"}
     for llm in engines.values():
         llm.close()
-    rows = [{"prompt": kind, "concurrency": c,
-             "plain_tok_s": statistics.median(speed[(kind, c, "plain")]),
-             "ngram_tok_s": statistics.median(speed[(kind, c, "ngram")])}
-            for kind in PROMPTS for c in levels]
-    for r in rows:
-        r["ratio"] = r["ngram_tok_s"] / r["plain_tok_s"]
-    result = {"model": args.model, "rounds": args.rounds, "tokens": args.tokens, "rows": rows,
-              "acceptance_rate": stats.spec_acceptance,
-              "mean_accepted_per_step": stats.spec_mean_accepted,
-              "all_answers_identical": identical}
+    rows = []
+    for kind in kinds:
+        for c in levels:
+            row = {"prompt": kind, "concurrency": c}
+            for name in engines:
+                row[f"{name}_tok_s"] = statistics.median(speed[(kind, c, name)])
+            for name in stats:
+                row[f"{name}_ratio"] = row[f"{name}_tok_s"] / row["plain_tok_s"]
+            rows.append(row)
+    result = {"model": args.model, "draft": args.draft, "rounds": args.rounds,
+              "tokens": args.tokens, "rows": rows, "all_answers_identical": identical,
+              "acceptance": {n: {"rate": st.spec_acceptance, "mean_accepted": st.spec_mean_accepted}
+                             for n, st in stats.items()}}
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     print(f"{args.model}, {args.tokens} tokens, greedy, medians of {args.rounds} rounds")
-    print(f"{'prompt':6} {'c':>3} {'plain tok/s':>12} {'ngram tok/s':>12} {'ratio':>7}")
+    print(f"{'prompt':6} {'c':>3}" + "".join(f" {n + ' tok/s':>12}" for n in engines)
+          + "".join(f" {n + ' x':>9}" for n in stats))
     for r in rows:
-        print(f"{r['prompt']:6} {r['concurrency']:>3} {r['plain_tok_s']:>12.1f} "
-              f"{r['ngram_tok_s']:>12.1f} {r['ratio']:>6.2f}x")
-    print(f"acceptance {stats.spec_acceptance:.1%}, {stats.spec_mean_accepted:.2f} guesses kept "
-          f"per step; answers identical to plain decoding: {identical}")
+        print(f"{r['prompt']:6} {r['concurrency']:>3}"
+              + "".join(f" {r[n + '_tok_s']:>12.1f}" for n in engines)
+              + "".join(f" {r[n + '_ratio']:>8.2f}x" for n in stats))
+    for n, st in stats.items():
+        print(f"{n}: acceptance {st.spec_acceptance:.1%}, {st.spec_mean_accepted:.2f} guesses kept "
+              "per step")
+    print(f"answers identical to plain decoding: {identical}")
     return 0
 
 

@@ -73,7 +73,7 @@ def decoding(s: Scheduler, n: int) -> list[Sequence]:
     return seqs
 
 
-@pytest.mark.parametrize("n_seqs,per_seq", [(1, 8), (2, 4), (4, 2), (8, 1), (9, 0), (16, 0)])
+@pytest.mark.parametrize("n_seqs,per_seq", [(1, 8), (2, 4), (3, 0), (8, 0), (16, 0)])
 def test_the_draft_shrinks_as_the_batch_fills(n_seqs, per_seq):
     s = Scheduler(SchedulerConfig(32, 512, spec=SpecConfig("ngram", 8, 1), tile=1))
     decoding(s, n_seqs)
@@ -81,6 +81,18 @@ def test_the_draft_shrinks_as_the_batch_fills(n_seqs, per_seq):
     assert len(plan) == n_seqs
     # Every sequence's text is 7 8 9 7 8 9: the guess is 7 8 9 ... cut to the room.
     assert {len(w.draft) for w in plan} == {min(per_seq, 3)}
+
+
+def test_a_sequence_whose_guesses_fail_checks_one_at_a_time():
+    s = Scheduler(SchedulerConfig(32, 512, spec=SpecConfig("draft", 8, 1), tile=1))
+    seq, = decoding(s, 1)
+    assert s.schedule()[0].room == 8
+    s.record_spec(seq, 8, 0)
+    assert s.schedule()[0].room == 1
+    s.record_spec(seq, 1, 1)
+    assert s.schedule()[0].room == 3
+    s.record_spec(seq, 3, 3)
+    assert s.schedule()[0].room == 7
 
 
 def test_no_guesses_while_a_prompt_waits_to_be_computed():
