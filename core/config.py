@@ -27,8 +27,10 @@ def models_dir() -> Path:
 
 
 def cache_dir() -> Path:
-    """Where derived caches (prefix KV states) live."""
-    return home() / "cache"
+    """Where derived caches (prefix KV states) live: LLMCTL_CACHE_DIR, else
+    under the home (a cluster's replicas point it at shared storage)."""
+    override = env("CACHE_DIR")
+    return Path(override).expanduser() if override else home() / "cache"
 
 
 def models_toml() -> Path:

@@ -131,6 +131,15 @@ class EngineFailed(LlmctlError):
     code = "engine_failed"
 
 
+class ReplicaLost(LlmctlError):
+    """The cluster replica serving a request died before answering; another
+    replica can serve it, so the client may retry."""
+
+    http_status = 503
+    error_type = "service_unavailable"
+    code = "replica_lost"
+
+
 class ModelLoading(LlmctlError):
     """The server is up but its model is not loaded (yet, or it failed)."""
 

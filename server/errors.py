@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from llmctl.errors import LlmctlError, ModelsBusy, QueueFull
+from llmctl.errors import LlmctlError, ModelsBusy, QueueFull, ReplicaLost
 
 log = logging.getLogger("llmctl.server")
 
@@ -24,7 +24,7 @@ def error_body(message: str, etype: str, code: str | None = None, param: str | N
 def retry_headers(e: LlmctlError) -> dict | None:
     """Retry-After for the errors that pass on their own: a slot frees, an
     idle model unloads."""
-    return {"Retry-After": "1"} if isinstance(e, (QueueFull, ModelsBusy)) else None
+    return {"Retry-After": "1"} if isinstance(e, (QueueFull, ModelsBusy, ReplicaLost)) else None
 
 
 def _ollama(path: str) -> bool:

@@ -53,7 +53,7 @@ def _aliases(name: str, path_stem: str) -> set[str]:
     return names
 
 
-def _check_port(host: str, port: int) -> None:
+def check_port(host: str, port: int) -> None:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -77,7 +77,7 @@ def serve(model: str | None, host: str, port: int, load: LoadOptions,
     resolved = resolve_model(model) if model else None
     if resolved is not None:
         check_draft(resolved, load)     # a bad draft pair fails now, not after listening
-    _check_port(host, port)
+    check_port(host, port)
     pool = ModelPool(load, models_max=settings.models_max,
                      memory_budget=settings.memory_budget or default_memory_budget(),
                      keep_alive_s=settings.keep_alive_s)

@@ -1,0 +1,112 @@
+"""`llmctl cluster serve`: llmctl engine replicas on Ray Serve behind one
+OpenAI-compatible ingress. Ray (the `cluster` extra) is imported only when
+the command runs."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from enum import Enum
+from typing import Optional
+
+import typer
+from typing_extensions import Annotated
+
+from llmctl.cli import options as o
+from llmctl.cli.common import err, handle_errors
+from llmctl.errors import UsageError
+
+group = typer.Typer(help="Serve a model from replicas on a Ray cluster.", no_args_is_help=True)
+
+
+class Router(str, Enum):
+    affinity = "affinity"
+    default = "default"
+
+
+@group.command("serve")
+@handle_errors
+def serve(
+    model: o.ModelArg = None,
+    replicas: Annotated[int, typer.Option(
+        "--replicas", min=1, envvar="LLMCTL_REPLICAS",
+        help="Engine replicas (the initial count when autoscaling).")] = 2,
+    address: Annotated[Optional[str], typer.Option(
+        "--address", envvar="LLMCTL_RAY_ADDRESS",
+        help="Join this Ray cluster (e.g. ray://head:10001 or auto); default: start a "
+             "local one.")] = None,
+    min_replicas: Annotated[Optional[int], typer.Option(
+        "--min-replicas", min=0, envvar="LLMCTL_MIN_REPLICAS",
+        help="With --max-replicas: autoscale on ongoing requests.")] = None,
+    max_replicas: Annotated[Optional[int], typer.Option(
+        "--max-replicas", min=1, envvar="LLMCTL_MAX_REPLICAS")] = None,
+    threads: Annotated[int, typer.Option(
+        "--threads", min=1, envvar="LLMCTL_THREADS",
+        help="CPU threads per replica, also what each replica reserves in Ray (num_cpus).")] = 1,
+    max_num_seqs: Annotated[int, typer.Option(
+        "--max-num-seqs", min=1, max=256, envvar="LLMCTL_MAX_NUM_SEQS",
+        help="Batch slots per replica.")] = 4,
+    ctx_size: o.CtxSize = None,
+    cache_dir: Annotated[Optional[str], typer.Option(
+        "--cache-dir", envvar="LLMCTL_CACHE_DIR",
+        help="The disk prefix cache every replica shares (shared storage on a multi-node "
+             "cluster); default: each node's LLMCTL_HOME/cache.")] = None,
+    prefix_cache_size: Annotated[float, typer.Option(
+        "--prefix-cache-size", min=0.0, envvar="LLMCTL_PREFIX_CACHE_SIZE",
+        help="Disk budget of the shared prefix cache, in GB (each replica enforces it over "
+             "the whole folder).")] = 4.0,
+    host: Annotated[str, typer.Option("--host", envvar="LLMCTL_HOST")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, envvar="LLMCTL_PORT")] = 8000,
+    router: Annotated[Router, typer.Option(
+        "--router", envvar="LLMCTL_ROUTER",
+        help="affinity: a prompt's leading text picks its replica (prefix-cache hits); "
+             "default: Ray Serve's power of two choices.")] = Router.affinity,
+) -> None:
+    """Serve a model from N llmctl replicas on Ray Serve, behind one ingress.
+
+    The ingress speaks OpenAI's API (/v1/chat/completions, /v1/completions,
+    /v1/models), aggregates /metrics over the replicas and reports each one's
+    health at /health and its prefix-cache hit rate at /cluster/stats.
+
+    Example: llmctl cluster serve smollm2 --replicas 2 --threads 4
+    """
+    from llmctl.runtime.config import LoadOptions
+    from llmctl.store.resolve import resolve_model
+
+    try:
+        from llmctl.cluster.deploy import ClusterSettings, start, stop
+        from llmctl.cluster.replica import ReplicaSpec
+    except ImportError as e:
+        raise UsageError(f"`llmctl cluster` needs Ray Serve: pip install 'llmctl[cluster]' ({e})") \
+            from None
+    settings = ClusterSettings(replicas=replicas, min_replicas=min_replicas,
+                               max_replicas=max_replicas, router=router.value)
+    spec = ReplicaSpec(resolve_model(model),
+                       LoadOptions(ctx_size=ctx_size, threads=threads, max_num_seqs=max_num_seqs,
+                                   prefix_cache_size_gb=prefix_cache_size),
+                       cache_dir=cache_dir, host=host, port=port)
+    if not address:
+        # The local cluster's HTTP proxy binds here: say so now, not after Ray
+        # has started and its proxy failed (the check `llmctl serve` makes).
+        from llmctl.server.serve import check_port
+
+        check_port(host, port)
+    err.print(f"Starting {replicas} replica(s) of {spec.resolved.name} on Ray "
+              f"({address or 'a local cluster'}) ...")
+    try:
+        url = start(spec, settings, address)
+        # `kill` (systemd, docker stop) tears the deployment down as Ctrl-C
+        # does; set after ray.init, which installs a SIGTERM handler of its own.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+        err.print(f"Serving on {url}/v1 (router: {router.value}; /health, /metrics, "
+                  "/cluster/stats; Ctrl-C to stop)")
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop()
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(group, name="cluster")

@@ -1,0 +1,267 @@
+"""`llmctl cluster`: llmctl replicas on Ray Serve. One local Ray cluster and
+one deployment (2 SmolLM2 replicas, 1 thread each, one shared disk cache)
+serve every slow test in this module; the fault test runs last."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import smollm2_file
+from llmctl.cluster.affinity import AFFINITY_CHARS, affinity_key, owner
+
+# ~600 SmolLM2 tokens: more than two 256-token blocks, so the disk cache keys on it.
+TENANT = ("You are the support assistant of the Acme {n} company. Answer briefly. " * 40).strip()
+WAIT_S = 120    # hang guard for polling, never a performance bound
+
+
+def _chat(system: str, user: str = "Hi", **extra) -> dict:
+    return {"model": "smollm2", "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "system", "content": system},
+                         {"role": "user", "content": user}], **extra}
+
+
+def _poll(fn, what: str):
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+# ---- no cluster needed --------------------------------------------------------
+
+
+def test_single_machine_commands_never_import_ray():
+    probe = ("import sys, json\n"
+             "import llmctl.cli.app, llmctl.cli.serve, llmctl.cli.run, llmctl.cli.chat\n"
+             "import llmctl.cli.cluster, llmctl.server.serve, llmctl.runtime.llm\n"
+             "import llmctl.cluster.affinity\n"
+             "before = 'ray' in sys.modules\n"
+             "import llmctl.cluster.router\n"
+             "print(json.dumps([before, 'ray' in sys.modules]))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    # The router does import Ray, so the first False means something.
+    assert json.loads(out.stdout.splitlines()[-1]) == [False, True]
+
+
+def test_affinity_key_follows_the_leading_text():
+    a, b = TENANT.format(n=1), TENANT.format(n=2)
+    assert affinity_key(_chat(a, "one")) == affinity_key(_chat(a, "two"))
+    assert affinity_key(_chat(a)) != affinity_key(_chat(b))
+    assert affinity_key({"model": "smollm2", "prompt": a}) == \
+        affinity_key({"model": "smollm2", "prompt": a + " and more"})
+    # Past AFFINITY_CHARS nothing counts; another model never shares a key.
+    long = "x" * AFFINITY_CHARS
+    assert affinity_key({"prompt": long + "a"}) == affinity_key({"prompt": long + "b"})
+    assert affinity_key({"model": "m1", "prompt": a}) != affinity_key({"model": "m2", "prompt": a})
+    assert affinity_key({"model": "smollm2"}) is None and affinity_key([1]) is None
+
+
+def test_rendezvous_owner_moves_only_the_lost_replicas_keys():
+    replicas = ["r1", "r2", "r3", "r4"]
+    keys = [affinity_key({"prompt": f"tenant {n}"}) for n in range(200)]
+    before = {k: owner(k, replicas) for k in keys}
+    after = {k: owner(k, [r for r in replicas if r != "r2"]) for k in keys}
+    assert set(before.values()) == set(replicas)
+    assert all(after[k] == before[k] for k in keys if before[k] != "r2")
+
+
+def testreplica_options_follow_the_settings():
+    pytest.importorskip("ray.serve")
+    from ray.serve.config import AutoscalingConfig
+
+    from llmctl.cluster.deploy import ClusterSettings, replica_options
+    from llmctl.cluster.replica import ReplicaSpec
+    from llmctl.cluster.router import AffinityRouter
+    from llmctl.errors import UsageError
+    from llmctl.runtime.config import LoadOptions
+    from llmctl.store.resolve import ResolvedModel
+
+    spec = ReplicaSpec(ResolvedModel("smollm2", smollm2_file()), LoadOptions(threads=3, max_num_seqs=6))
+    fixed = replica_options(spec, ClusterSettings(replicas=4))
+    assert fixed["ray_actor_options"] == {"num_cpus": 3} and fixed["num_replicas"] == 4
+    assert fixed["max_ongoing_requests"] == 6 and "autoscaling_config" not in fixed
+    router = fixed["request_router_config"]
+    assert router.get_request_router_class().__name__ == AffinityRouter.__name__
+    assert router.request_router_kwargs == {"overload_at": 6}
+    scaled = replica_options(spec, ClusterSettings(replicas=2, min_replicas=1, max_replicas=8,
+                                                    router="default"))
+    assert scaled["autoscaling_config"] == {"min_replicas": 1, "initial_replicas": 2,
+                                            "max_replicas": 8, "target_ongoing_requests": 6}
+    assert "num_replicas" not in scaled and "request_router_config" not in scaled
+    AutoscalingConfig(**scaled["autoscaling_config"])     # Ray accepts it as it is
+    for bad in ({"replicas": 0}, {"router": "random"}, {"min_replicas": 1},
+                {"replicas": 9, "min_replicas": 1, "max_replicas": 8}):
+        with pytest.raises(UsageError):
+            ClusterSettings(**bad)
+
+
+# ---- one local cluster ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(session_home, tmp_path_factory):
+    pytest.importorskip("ray.serve")
+    os.environ["LLMCTL_HOME"] = str(session_home)
+    from llmctl.cluster.deploy import ClusterSettings, start, stop
+    from llmctl.cluster.replica import ReplicaSpec
+    from llmctl.runtime.config import LoadOptions
+    from llmctl.store.resolve import ResolvedModel
+
+    cache = tmp_path_factory.mktemp("shared-cache")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec = ReplicaSpec(ResolvedModel("smollm2", smollm2_file(), context=2048),
+                       LoadOptions(ctx_size=2048, threads=1, max_num_seqs=2),
+                       cache_dir=str(cache), port=port)
+    try:
+        url = start(spec, ClusterSettings(replicas=2), object_store_mb=128)
+        with httpx.Client(base_url=url, timeout=WAIT_S) as client:
+            _poll(lambda: client.get("/health").json()["replicas_up"] == 2, "both replicas to report")
+            yield client, cache
+    finally:
+        stop()
+
+
+def _stats(client: httpx.Client) -> dict:
+    return client.get("/cluster/stats").json()
+
+
+def _live(client: httpx.Client) -> list[str]:
+    return sorted(rid for rid, r in _stats(client)["replicas"].items() if r["live"])
+
+
+@pytest.mark.slow
+def test_openai_client_streams_through_the_ingress(cluster):
+    from openai import OpenAI
+
+    client, _ = cluster
+    api = OpenAI(base_url=str(client.base_url).rstrip("/") + "/v1", api_key="none", max_retries=0)
+    stream = api.chat.completions.create(**_chat("Be brief.", "Count to five.", max_tokens=12,
+                                                 stream=True))
+    pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
+    assert len(pieces) > 1 and "".join(pieces).strip()
+    done = api.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=4)
+    assert done.choices[0].text and done.usage.completion_tokens == 4
+    assert [m.id for m in api.models.list().data] == ["smollm2"]
+    # llmctl's own validation answers through the ingress, in OpenAI's shape.
+    bad = client.post("/v1/chat/completions", json={"model": "smollm2", "messages": "nope"})
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.slow
+def test_a_repeated_prefix_goes_to_the_same_replica(cluster):
+    client, _ = cluster
+    owners = {}
+    for n in range(1, 4):
+        served = {client.post("/v1/chat/completions", json=_chat(TENANT.format(n=n), f"q{q}"))
+                  .headers["x-llmctl-replica"] for q in range(3)}
+        assert len(served) == 1, f"tenant {n} went to {served}"
+        owners[n] = served.pop()
+    assert set(owners.values()) <= set(_live(client))
+    routing = _stats(client)["routing"]
+    assert routing["owner"] >= 9 and routing.get("overloaded", 0) == 0
+    metrics = client.get("/metrics").text
+    assert 'llmctl_router_decisions_total{decision="owner"}' in metrics
+
+
+@pytest.mark.slow
+def test_a_prefix_computed_on_one_replica_is_a_disk_hit_on_the_other(cluster):
+    client, cache = cluster
+    body = _chat(TENANT.format(n="disk"), "Who are you?")
+    first = client.post("/v1/chat/completions", json=body)
+    assert first.status_code == 200
+    a = first.headers["x-llmctl-replica"]
+    (b,) = [r for r in _live(client) if r != a]
+    _poll(lambda: list(Path(cache).glob("prefix/*/*.kv")), "replica A's state on disk")
+    second = client.post("/v1/chat/completions", json=body, headers={"x-llmctl-replica": b})
+    assert second.headers["x-llmctl-replica"] == b
+    assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 256
+    assert second.json()["choices"][0]["message"] == first.json()["choices"][0]["message"]
+    disk = _poll(lambda: _stats(client)["replicas"][b]["prefix_cache_hit_tokens_disk"],
+                 "replica B's disk hit in its report")
+    assert disk >= 256
+    metrics = client.get("/metrics").text
+    assert f'llmctl_replica_prefix_cache_disk_hit_tokens_total{{replica="{b}"}} {disk}' in metrics
+
+
+@pytest.mark.slow
+def test_a_client_gone_mid_stream_cancels_the_generation_on_its_replica(cluster):
+    client, _ = cluster
+    body = {**_chat("Be verbose.", "Tell a long story.", max_tokens=400), "stream": True}
+    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        replica = r.headers["x-llmctl-replica"]
+        before = _stats(client)["replicas"][replica]["requests"]["cancelled"]
+        lines = r.iter_lines()
+        assert next(line for line in lines if '"content"' in line)
+    # Leaving the block closed the connection after the first token.
+    _poll(lambda: _stats(client)["replicas"][replica]["requests"]["cancelled"] > before,
+          "the replica to count the request cancelled")
+
+
+def _kill(replica_id: str) -> None:
+    import ray
+
+    (name,) = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+               if a["name"].endswith(f"#{replica_id}") and "LLMReplica" in a["name"]]
+    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+
+
+def _stream_outcome(client: httpx.Client, body: dict) -> str:
+    """'ok', 'retriable' (503 + Retry-After, or a stream ending in a
+    replica_lost error) or what else happened."""
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        if r.status_code == 503:
+            return "retriable" if r.headers.get("retry-after") else "503 without Retry-After"
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    if lines[-1] != "data: [DONE]":
+        return f"unterminated: {lines[-1:]}"
+    errors = [json.loads(line[6:]) for line in lines[:-1] if '"error"' in line]
+    return "retriable" if errors and errors[0]["error"]["code"] == "replica_lost" else \
+        "ok" if not errors else f"error: {errors}"
+
+
+@pytest.mark.slow
+def test_a_killed_replica_comes_back_and_requests_keep_being_served(cluster):
+    client, _ = cluster
+    before = _live(client)
+    victim = client.post("/v1/chat/completions",
+                         json=_chat(TENANT.format(n=1))).headers["x-llmctl-replica"]
+    outcomes: list[str] = []
+    # Long generations for the victim's tenant: in flight when it dies.
+    jobs = [threading.Thread(target=lambda: outcomes.append(
+        _stream_outcome(client, _chat(TENANT.format(n=1), "Tell a long story.", max_tokens=200))))
+        for _ in range(3)]
+    for j in jobs:
+        j.start()
+    _poll(lambda: _stats(client)["replicas"][victim]["requests_running"], "requests in flight")
+    _kill(victim)
+    # Meanwhile, new requests are served (by the survivor, or the replacement).
+    served = [client.post("/v1/chat/completions", json=_chat(TENANT.format(n=n)))
+              for n in range(1, 5)]
+    assert [r.status_code for r in served] == [200] * 4
+    for j in jobs:
+        j.join(WAIT_S)
+    assert not any(j.is_alive() for j in jobs) and len(outcomes) == 3
+    assert set(outcomes) <= {"ok", "retriable"}, outcomes
+    # Ray replaces the replica: two live ones again, the victim among the gone.
+    _poll(lambda: len(_live(client)) == 2 and victim not in _live(client), "a replacement")
+    health = client.get("/health").json()
+    assert health["replicas"][victim] == "gone" and health["replicas_up"] == 2
+    (new,) = set(_live(client)) - set(before)
+    again = client.post("/v1/chat/completions", json=_chat("Hello"), headers={"x-llmctl-replica": new})
+    assert again.status_code == 200 and again.headers["x-llmctl-replica"] == new
