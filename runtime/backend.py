@@ -146,7 +146,11 @@ def system_info() -> str:
 
 
 class LlamaModel:
-    """A loaded model: weights and vocabulary."""
+    """A loaded model: weights and vocabulary. `repack` False keeps ggml's
+    CPU backend from repacking quantized weights for its faster kernels:
+    those compute a multi-row batch with another kernel than a single row,
+    rounding differently (scripts/bench_rows.py measures both). Raises
+    BadModelFile when llama.cpp cannot load the file."""
 
     def __init__(self, path: str | Path, *, n_gpu_layers: int = 0, vocab_only: bool = False,
                  repack: bool = True):

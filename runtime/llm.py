@@ -101,13 +101,7 @@ class LLM:
         self.opts = opts
         n_ctx = opts.ctx_size or resolved.context or DEFAULT_CTX
         self.n_gpu_layers = _gpu_layers(resolved, opts, n_ctx)
-        # ggml repacks quantized weights for a faster CPU kernel, but that
-        # kernel rounds a multi-row batch differently from a single row (up
-        # to 0.5 in a logit on Qwen2.5's Q4_K_M); speculation checks guesses
-        # in multi-row steps, so it loads the plain layout, which is exact
-        # (scripts/bench_draft.py: about 5% slower decoding).
-        self.model = LlamaModel(resolved.path, n_gpu_layers=self.n_gpu_layers,
-                                repack=opts.spec_config.mode is None)
+        self.model = LlamaModel(resolved.path, n_gpu_layers=self.n_gpu_layers)
         if opts.ctx_size is None:
             n_ctx = min(n_ctx, self.model.n_ctx_train or n_ctx)
         self.template = ChatTemplate(
