@@ -163,8 +163,9 @@ class Spec(str, Enum):
 # Speculative decoding: declared once for serve, run and chat.
 SpecOpt = Annotated[Spec, typer.Option(
     "--spec", envvar="LLMCTL_SPEC",
-    help="Guess the next tokens and check them in one batched step; the output is exactly the "
-         "same. ngram: from the prompt and output so far (prompt lookup; edits, code, RAG "
+    help="Guess the next tokens and check them in one batched step; each token is still the "
+         "model's own choice (token for token plain decoding's where llama.cpp's kernels allow: "
+         "see the README). ngram: from the prompt and output so far (prompt lookup; edits, code, RAG "
          "answers). draft: with a small model of the same family (--draft, or the model's "
          "registry default).")]
 DraftOpt = Annotated[Optional[str], typer.Option(
@@ -182,8 +183,8 @@ DraftMin = Annotated[int, typer.Option(
     help="Don't speculate with fewer guesses than this.")]
 
 
-def spec_fields(spec: Spec, draft_max: int, draft_min: int, draft: str | None = None,
-                draft_p_min: float = 0.75) -> dict:
+def spec_fields(spec: Spec, draft_max: int, draft_min: int, draft: str | None,
+                draft_p_min: float) -> dict:
     """The LoadOptions fields of the speculation options."""
     return {"spec": None if spec is Spec.none else spec.value, "draft_max": draft_max,
             "draft_min": draft_min, "draft": draft, "draft_p_min": draft_p_min}

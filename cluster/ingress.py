@@ -48,13 +48,17 @@ def _lost_errors() -> tuple[type, ...]:
     return RayActorError, ActorUnavailableError
 
 
+def _lost(why: str):
+    from llmctl.errors import ReplicaLost
+
+    return ReplicaLost(f"the replica serving this request was lost ({why}); retry it")
+
+
 def lost_response(path: str, why: str) -> Response:
     """The retriable answer for a request whose replica was lost."""
-    from llmctl.errors import ReplicaLost
     from llmctl.server.errors import error_response
 
-    return error_response(ReplicaLost(f"the replica serving this request was lost ({why}); "
-                                      "retry it"), path)
+    return error_response(_lost(why), path)
 
 
 def _error_frame(content_type: str, why: str) -> bytes:
@@ -62,11 +66,11 @@ def _error_frame(content_type: str, why: str) -> bytes:
     framing: SSE for OpenAI's routes, a JSON line for Ollama's."""
     from llmctl.server.errors import error_body
 
-    message = f"the replica serving this request was lost ({why}); retry it"
+    e = _lost(why)
     if content_type.startswith("text/event-stream"):
-        body = error_body(message, "service_unavailable", "replica_lost")
+        body = error_body(e.message, e.error_type, e.code)
         return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
-    return (json.dumps({"error": message}) + "\n").encode()
+    return (json.dumps({"error": e.message}) + "\n").encode()
 
 
 class Ingress:

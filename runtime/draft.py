@@ -66,7 +66,6 @@ class Drafter:
     made; `propose` never raises (a failed draft decode means no guesses)."""
 
     def __init__(self, model: LlamaModel, cfg: ContextConfig, p_min: float):
-        self.model = model
         self.ctx = LlamaContext(model, cfg)
         self.n_batch = cfg.n_batch
         self.p_min = p_min

@@ -109,7 +109,7 @@ class LLM:
             bos_token=self.model.token_text(self.model.bos),
             eos_token=self.model.token_text(self.model.eos))
         self.prefix_cache = PrefixCache() if opts.prefix_cache else None
-        self.draft_name, self.draft_model = self._load_draft()
+        self.draft_model = self._load_draft()
         try:
             self.engine = Engine(self.model, opts,
                                  EngineShape(n_ctx_seq=n_ctx, n_threads=opts.threads or default_threads()),
@@ -122,12 +122,12 @@ class LLM:
             self.prefix_cache.open_disk(self, self.engine)
         self._bridges: dict[int, EventBridge] = {}
 
-    def _load_draft(self) -> tuple[str | None, LlamaModel | None]:
+    def _load_draft(self) -> LlamaModel | None:
         """The draft model of `--spec draft`, loaded and checked. Raises
         what draft_for raises, and UsageError for another tokenizer."""
         ref = draft_for(self.resolved, self.opts)
         if ref is None:
-            return None, None
+            return None
         # On a GPU the small draft goes there whole: its per-token cost is
         # what speculation must keep below the target's.
         draft = LlamaModel(ref.path, n_gpu_layers=999 if self.n_gpu_layers else 0)
@@ -136,7 +136,7 @@ class LLM:
         except BaseException:
             draft.close()
             raise
-        return ref.name, draft
+        return draft
 
     @classmethod
     def load(cls, model: str | None, opts: LoadOptions | None = None) -> "LLM":

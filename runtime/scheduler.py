@@ -52,7 +52,7 @@ class SchedulerConfig:
     # (flash attention off), and generated tokens are reused too.
     tile: int = 64
     max_chunk: int = 512        # llama.cpp's n_ubatch: a longer chunk is cut again there
-    spec: SpecConfig = SpecConfig()     # prompt-lookup speculation (off by default)
+    spec: SpecConfig = SpecConfig()     # speculation (off by default)
     # Guessed tokens one step may check across all sequences, and the most
     # decoding sequences that speculate at all: a checked row costs compute
     # a full batch no longer has spare (scripts/bench_draft.py on 2 cores:
@@ -112,10 +112,10 @@ class Scheduler:
 
     def record_spec(self, seq: Sequence, drafted: int, accepted: int) -> None:
         """Count a speculating step and set the sequence's next guess cap:
-        a checked row costs about a third of a decode step here (1.5B, 2
-        cores: 9 rows 480 ms against 1 row 125 ms), so a sequence whose
-        guesses keep failing checks one at a time, and one whose guesses hold
-        doubles its cap."""
+        a checked row costs a fifth to a third of a decode step here
+        (scripts/bench_rows.py, 1.5B on 2 cores: 9 rows cost 2.6-3.6 steps),
+        so a sequence whose guesses keep failing checks one at a time, and
+        one whose guesses hold doubles its cap."""
         seq.spec_cap = 2 * accepted + 1
         self._stats.record_spec(drafted, accepted)
 

@@ -4,10 +4,12 @@ proposing what followed them there. Edits, RAG answers and code repeat
 their input, so the guesses often hold; checking k of them costs one
 batched decode instead of k single-token steps.
 
-Verification is exact: the engine samples every guessed position with the
-sequence's own sampler, in order, and keeps guesses only while they equal
-what it sampled (the greedy-draft rule), so the output is the one plain
-decoding gives, token for token at any temperature with a fixed seed."""
+Verification keeps the model's own choices: the engine samples every
+guessed position with the sequence's own sampler, in order, and keeps
+guesses only while they equal what it sampled (the greedy-draft rule). Where
+llama.cpp computes a checked row exactly as a lone decode row (README,
+speculation; scripts/bench_rows.py), the output is plain decoding's token
+for token, at any temperature with a fixed seed."""
 
 from __future__ import annotations
 
