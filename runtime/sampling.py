@@ -4,6 +4,7 @@ function has to pass fifteen keyword arguments along."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -16,6 +17,25 @@ MAX_TRIGGERS = 16
 MAX_LOGIT_BIAS = 1024
 # OpenAI allows 20 alternatives per token; each costs a detokenize per step.
 MAX_TOP_LOGPROBS = 20
+# Integers that llama.cpp takes as a C int (top_k, the penalty window, token
+# ids): a larger Python int would wrap, or size an allocation by itself.
+INT32_MAX = 2**31 - 1
+# A stop string is searched for, and its prefixes matched against the held-back
+# tail, after every token: its length bounds that work.
+MAX_STOPS = 16
+MAX_STOP_CHARS = 256
+# Seeds are reduced to llama.cpp's 32 bits; the range is what an int64 or a
+# uint64 client may send.
+SEED_RANGE = (-2**63, 2**64 - 1)
+# (field, lowest, highest, lowest allowed itself): every float knob's range.
+# OpenAI documents temperature up to 2; llama-server takes more, and past
+# 100 the distribution is as flat as it gets.
+_FLOAT_RANGES = (("temperature", 0.0, 100.0, True), ("top_p", 0.0, 1.0, False),
+                 ("min_p", 0.0, 1.0, True), ("presence_penalty", -2.0, 2.0, True),
+                 ("frequency_penalty", -2.0, 2.0, True), ("repeat_penalty", 0.0, 100.0, False))
+# A logit_bias key: ASCII decimal digits only (str.isdigit() also takes "²"
+# and other Unicode digits, which int() refuses) and short enough to be an id.
+_TOKEN_KEY = re.compile(r"[0-9]{1,10}")
 
 
 def _number(name: str, value: Any, *, integer: bool = False) -> None:
@@ -24,8 +44,30 @@ def _number(name: str, value: Any, *, integer: bool = False) -> None:
         raise InvalidParams(f"{name} must be {kind}, got {type(value).__name__}", param=name)
     if integer and not isinstance(value, int):
         raise InvalidParams(f"{name} must be an integer, got {value!r}", param=name)
-    if not math.isfinite(value):
+    if not _finite(value):
         raise InvalidParams(f"{name} must be a finite number, got {value!r}", param=name)
+
+
+def _finite(value: int | float) -> bool:
+    # math.isfinite() raises OverflowError on an int too large for a float
+    # (JSON may carry 4,300 digits); every int is finite.
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def _short(value: Any) -> str:
+    """repr(value) cut to 20 characters, for error messages; repr() of an
+    int over 4,300 digits raises ValueError, so such ints are not shown."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return "an integer out of range"
+    text = repr(value)
+    return text if len(text) <= 20 else text[:20] + "..."
+
+
+def _integer_in(name: str, value: Any, low: int, high: int | None, note: str = "") -> None:
+    _number(name, value, integer=True)
+    if value < low or (high is not None and value > high):
+        span = f"at least {low}" if high is None else f"in [{low}, {high}]"
+        raise InvalidParams(f"{name} must be {span}" + (f" ({note})" if note else ""), param=name)
 
 
 @dataclass(frozen=True)
@@ -61,41 +103,30 @@ class SamplingParams:
             triggers = [self.grammar_triggers] if isinstance(self.grammar_triggers, str) \
                 else self.grammar_triggers
             object.__setattr__(self, "grammar_triggers", tuple(triggers))
-        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        object.__setattr__(self, "logit_bias", parse_logit_bias(self.logit_bias))
         self.validate()
 
     def validate(self) -> None:
-        for name in ("temperature", "top_p", "min_p", "presence_penalty",
-                     "frequency_penalty", "repeat_penalty"):
-            _number(name, getattr(self, name))
-        for name in ("top_k", "repeat_last_n"):
-            _number(name, getattr(self, name), integer=True)
-        if self.temperature < 0:
-            raise InvalidParams("temperature must be >= 0", param="temperature")
-        if not 0 < self.top_p <= 1:
-            raise InvalidParams("top_p must be in (0, 1]", param="top_p")
-        if not 0 <= self.min_p <= 1:
-            raise InvalidParams("min_p must be in [0, 1]", param="min_p")
-        if self.top_k < 0:
-            raise InvalidParams("top_k must be >= 0 (0 disables it)", param="top_k")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not -2 <= getattr(self, name) <= 2:
-                raise InvalidParams(f"{name} must be in [-2, 2]", param=name)
-        if self.repeat_penalty <= 0:
-            raise InvalidParams("repeat_penalty must be > 0", param="repeat_penalty")
+        """Raises InvalidParams (param: the field) for a wrong type or a value
+        outside its range; docs/limits.md lists the ranges."""
+        for name, low, high, closed in _FLOAT_RANGES:
+            value = getattr(self, name)
+            _number(name, value)
+            if not (low <= value if closed else low < value) or value > high:
+                lo = "[" if closed else "("
+                raise InvalidParams(f"{name} must be in {lo}{low:g}, {high:g}]", param=name)
+        _integer_in("top_k", self.top_k, 0, INT32_MAX, "0 disables it")
+        _integer_in("repeat_last_n", self.repeat_last_n, 0, INT32_MAX, "0 disables it")
         if self.max_tokens is not None:
-            _number("max_tokens", self.max_tokens, integer=True)
-            if self.max_tokens < 1:
-                raise InvalidParams("max_tokens must be >= 1", param="max_tokens")
+            _integer_in("max_tokens", self.max_tokens, 1, None)
         if self.seed is not None:
-            _number("seed", self.seed, integer=True)
+            _integer_in("seed", self.seed, *SEED_RANGE)
         if self.logprobs is not None:
-            _number("logprobs", self.logprobs, integer=True)
-            if not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
-                raise InvalidParams(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]",
-                                    param="logprobs")
-        if len(self.stop) > 16 or not all(isinstance(s, str) and s for s in self.stop):
-            raise InvalidParams("stop must be up to 16 non-empty strings", param="stop")
+            _integer_in("logprobs", self.logprobs, 0, MAX_TOP_LOGPROBS)
+        if len(self.stop) > MAX_STOPS or not all(
+                isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in self.stop):
+            raise InvalidParams(f"stop must be up to {MAX_STOPS} non-empty strings of at most "
+                                f"{MAX_STOP_CHARS} characters", param="stop")
         self._validate_grammar()
 
     def _validate_grammar(self) -> None:
@@ -131,33 +162,42 @@ class SamplingParams:
         return SamplingParams(**values)
 
 
-def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+def parse_logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
     """`value` (a mapping or pairs of token id -> bias, ids possibly as
     decimal strings as OpenAI's JSON sends them) as sorted pairs. Raises
     InvalidParams (param "logit_bias"). Ids are checked against the vocabulary
     when the sampler is built: this value does not know the model."""
-    def bad(why: str) -> InvalidParams:
-        return InvalidParams(f"logit_bias {why}", param="logit_bias")
-
     if isinstance(value, dict):
         pairs = list(value.items())
     elif isinstance(value, (list, tuple)):
         pairs = list(value)
     else:
-        raise bad(f"must map token ids to numbers, got {type(value).__name__}")
+        raise InvalidParams(f"logit_bias must map token ids to numbers, got "
+                            f"{type(value).__name__}", param="logit_bias")
     if len(pairs) > MAX_LOGIT_BIAS:
-        raise bad(f"may hold at most {MAX_LOGIT_BIAS} tokens")
+        raise InvalidParams(f"logit_bias may hold at most {MAX_LOGIT_BIAS} tokens",
+                            param="logit_bias")
     out: dict[int, float] = {}
     for pair in pairs:
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            raise bad("entries must be (token id, bias) pairs")
-        token, bias = pair
-        if isinstance(token, str) and token.strip().isdigit():
-            token = int(token)
-        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise bad(f"keys must be token ids (non-negative integers), got {token!r}")
+            raise InvalidParams("logit_bias entries must be (token id, bias) pairs",
+                                param="logit_bias")
+        token, bias = token_id(pair[0]), pair[1]
         if isinstance(bias, bool) or not isinstance(bias, (int, float)) \
-                or not math.isfinite(bias) or not -100 <= bias <= 100:
-            raise bad(f"values must be numbers in [-100, 100], got {bias!r} for token {token}")
+                or not _finite(bias) or not -100 <= bias <= 100:
+            raise InvalidParams(f"logit_bias[{token}] must be a number from -100 to 100, "
+                                f"got {_short(bias)}", param="logit_bias")
         out[token] = float(bias)
     return tuple(sorted(out.items()))
+
+
+def token_id(key: Any) -> int:
+    """A logit_bias key as a token id: an int, or its ASCII decimal text, in
+    [0, INT32_MAX]. Raises InvalidParams (param "logit_bias") otherwise,
+    quoting at most 20 characters of the key."""
+    if isinstance(key, str) and _TOKEN_KEY.fullmatch(key):
+        key = int(key)
+    if isinstance(key, bool) or not isinstance(key, int) or not 0 <= key <= INT32_MAX:
+        raise InvalidParams(f"logit_bias key {_short(key)} is not a token id (a decimal integer "
+                            f"from 0 to {INT32_MAX})", param="logit_bias")
+    return key

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from llmctl.errors import InvalidParams
 from llmctl.runtime.events import Usage
-from llmctl.runtime.sampling import MAX_TOP_LOGPROBS, SamplingParams
+from llmctl.runtime.sampling import MAX_STOPS, MAX_TOP_LOGPROBS, SamplingParams
 from llmctl.server.tool_protocol import Structured, parse_structured
 
 _NUMBER = (int, float)
@@ -27,7 +27,6 @@ _SAMPLING_FIELDS = [
     ("seed", "seed", (int,)),
     ("ignore_eos", "ignore_eos", (bool,)),
 ]
-_INT32_MAX = 2**31 - 1   # top_k goes to llama.cpp as a C int
 # Choices per request: each is a sequence in the batch, so this bounds what
 # one request can take from everyone else.
 MAX_CHOICES = 16
@@ -118,14 +117,13 @@ def parse_logprobs(body: dict, chat: bool) -> int | None:
 
 def parse_sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
     """The sampling parameters of a request over `defaults`. Raises
-    InvalidParams (param: the field) for a wrong type or value out of range."""
+    InvalidParams (param: the field) for a wrong type or value out of range
+    (SamplingParams checks the ranges; docs/limits.md lists them)."""
     values: dict[str, Any] = {}
     for key, name, types in _SAMPLING_FIELDS:
         value = typed_field(body, key, types)
         if value is not None:
             values[name] = value
-    if values.get("top_k", 0) > _INT32_MAX:
-        raise InvalidParams(f"'top_k' must be at most {_INT32_MAX}", param="top_k")
     # max_completion_tokens is OpenAI's newer name; it wins when both are set.
     for key in ("max_tokens", "max_completion_tokens"):
         max_tokens = typed_field(body, key, (int,))
@@ -139,6 +137,8 @@ def parse_sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
             stop = [stop]
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
             raise InvalidParams("'stop' must be a string or a list of strings", param="stop")
+        if len(stop) > MAX_STOPS:     # counted before empty strings are dropped
+            raise InvalidParams(f"'stop' may hold at most {MAX_STOPS} strings", param="stop")
         values["stop"] = tuple(s for s in stop if s)
     return defaults.replace(**values)
 

@@ -5,13 +5,12 @@ grammar for the sampler and a ToolSetup for reading the answer."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any
 
 from llmctl.errors import InvalidParams
 from llmctl.runtime.grammar import json_object_grammar, json_schema_grammar, tool_call_grammar
-from llmctl.runtime.sampling import SamplingParams
+from llmctl.runtime.sampling import SamplingParams, parse_logit_bias
 from llmctl.runtime.tool_calls import ToolFormat
 from llmctl.runtime.tool_schema import ToolChoice, validate_tool_choice, validate_tools
 from llmctl.server.chat_output import ToolSetup
@@ -120,25 +119,18 @@ def _response_format(value: Any) -> str | None:
             raise InvalidParams("'response_format.json_schema.strict' must be a boolean",
                                 param="response_format")
         return json_schema_grammar(schema)
-    raise InvalidParams(f"'response_format.type' {kind!r} is not one of text, json_object, "
+    raise InvalidParams(f"'response_format.type' {kind[:32]!r} is not one of text, json_object, "
                         "json_schema", param="response_format")
 
 
 def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
-    """OpenAI's {"token id": bias} map; ids are checked against the
-    vocabulary when the sampler is built."""
+    """OpenAI's {"token id": bias} map, parsed as SamplingParams parses it
+    (ASCII decimal ids up to 2**31 - 1, biases from -100 to 100); ids are
+    checked against the vocabulary when the sampler is built. Raises
+    InvalidParams naming logit_bias."""
     if value is None:
         return ()
-    if not isinstance(value, dict) or len(value) > 1024:
-        raise InvalidParams("'logit_bias' must be an object of at most 1024 token ids",
+    if not isinstance(value, dict):
+        raise InvalidParams("'logit_bias' must be an object mapping token ids to biases",
                             param="logit_bias")
-    out = []
-    for key, bias in value.items():
-        if not (isinstance(key, str) and key.isdigit()):
-            raise InvalidParams(f"'logit_bias' key {key!r} is not a token id", param="logit_bias")
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)) \
-                or not math.isfinite(bias) or not -100 <= bias <= 100:
-            raise InvalidParams(f"'logit_bias[{key}]' must be a number from -100 to 100",
-                                param="logit_bias")
-        out.append((int(key), float(bias)))
-    return tuple(out)
+    return parse_logit_bias(value)
