@@ -19,7 +19,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from llmctl.errors import InvalidParams, LlmctlError
-from llmctl.runtime.sampling import SamplingParams
+from llmctl.runtime.sampling import INT32_MAX, SamplingParams
 from llmctl.server.errors import retry_headers
 from llmctl.server.protocol import parse_sampling, typed_field
 from llmctl.server.state import request_keep_alive
@@ -27,6 +27,8 @@ from llmctl.server.tool_protocol import Structured, parse_structured
 
 log = logging.getLogger("llmctl.server")
 
+# The roles Ollama's API documents for /api/chat messages.
+OLLAMA_ROLES = ("system", "user", "assistant", "tool")
 # Ollama's options that are also OpenAI body fields of the same meaning:
 # protocol.parse_sampling checks them under their own names.
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "repeat_penalty",
@@ -96,37 +98,41 @@ def ns(seconds: float) -> int:
 
 @dataclass(frozen=True)
 class Options:
-    """A request's `options`: the sampling parameters (repeat_last_n -1
-    meaning the whole context, as in Ollama) and the num_ctx asked for."""
+    """A request's `options`: the sampling parameters, the num_ctx asked
+    for, and repeat_last_n as sent (-1 meaning the whole context, as in
+    Ollama; None: the server's default)."""
 
     params: SamplingParams
     num_ctx: int | None = None
+    repeat_last_n: int | None = None
 
     def for_context(self, n_ctx: int) -> SamplingParams:
-        """The parameters on a model with `n_ctx` tokens per sequence. Raises
-        InvalidParams when num_ctx asks for more than that."""
+        """The parameters on a model with `n_ctx` tokens per sequence. A
+        repeat_last_n of -1 or over n_ctx becomes n_ctx: no sequence holds
+        more tokens, so the window means the same, and llama.cpp sizes the
+        penalty's buffer by it. Raises InvalidParams when num_ctx asks for
+        more than n_ctx."""
         if self.num_ctx is not None and self.num_ctx > n_ctx:
             raise InvalidParams(f"options: 'num_ctx' {self.num_ctx} is over the {n_ctx} tokens "
                                 "this model is loaded with; restart the server with a larger "
                                 "--ctx-size", param="options.num_ctx")
-        if self.params.repeat_last_n == -1:
-            return self.params.replace(repeat_last_n=n_ctx)
-        return self.params
+        n = self.repeat_last_n
+        if n is None:
+            return self.params
+        return self.params.replace(repeat_last_n=n_ctx if n == -1 or n > n_ctx else n)
 
 
 def parse_options(raw: Any, defaults: SamplingParams) -> Options:
     """Ollama's `options` over the server's `defaults`. Raises InvalidParams
-    naming the option: a wrong type or range, an unknown option, or one
-    llmctl does not implement (mirostat, num_gpu, ...)."""
+    naming the option: a wrong type or range (docs/limits.md), an unknown
+    option, or one llmctl does not implement (mirostat, num_gpu, ...)."""
     if raw is None:
         return Options(defaults)
     if not isinstance(raw, dict):
         raise InvalidParams("'options' must be an object", param="options")
     body: dict[str, Any] = {}
-    num_ctx = None
-    repeat_last_n = typed_field(raw, "repeat_last_n", (int,))
     for key, value in raw.items():
-        if value is None:
+        if value is None or key in ("num_ctx", "repeat_last_n"):
             continue
         if key == "seed" and type(value) is int and value < 0:
             continue                    # Ollama's -1: a random seed, llmctl's default
@@ -134,30 +140,46 @@ def parse_options(raw: Any, defaults: SamplingParams) -> Options:
             body[key] = value
         elif key == "num_predict":
             body["max_tokens"] = _num_predict(raw)
-        elif key == "num_ctx":
-            num_ctx = typed_field(raw, key, (int,))
-            if num_ctx < 1:
-                raise InvalidParams("options: 'num_ctx' must be at least 1", param="options.num_ctx")
         elif key in _UNSUPPORTED:
             if _UNSUPPORTED[key](value):
                 raise InvalidParams(f"option '{key}' is not supported by llmctl",
                                     param=f"options.{key}")
-        elif key != "repeat_last_n":
-            raise InvalidParams(f"unknown option '{key}'", param=f"options.{key}")
-    if repeat_last_n is not None and repeat_last_n < -1:
-        raise InvalidParams("options: 'repeat_last_n' must be -1 (the context), 0 (off) or more",
-                            param="options.repeat_last_n")
+        else:
+            raise InvalidParams(f"unknown option '{_shown(key)}'", param=f"options.{_shown(key)}")
+    num_ctx = _option_int(raw, "num_ctx", 1, "at least 1")
+    repeat_last_n = _option_int(raw, "repeat_last_n", -1,
+                                "-1 (the context), 0 (off) or a window of tokens")
     try:
-        params = parse_sampling(body, defaults)
-        return Options(params.replace(repeat_last_n=repeat_last_n), num_ctx)
+        return Options(parse_sampling(body, defaults), num_ctx, repeat_last_n)
     except InvalidParams as e:
         raise InvalidParams(f"options: {e.message}", param=f"options.{e.param}") from None
 
 
+def _option_int(raw: dict, key: str, low: int, meaning: str) -> int | None:
+    """raw[key] as an integer in [low, INT32_MAX] (llama.cpp takes both as a
+    C int), None when absent. Raises InvalidParams naming options.key."""
+    try:
+        value = typed_field(raw, key, (int,))
+    except InvalidParams as e:
+        raise InvalidParams(f"options: {e.message}", param=f"options.{key}") from None
+    if value is not None and not low <= value <= INT32_MAX:
+        raise InvalidParams(f"options: '{key}' must be {meaning}, at most {INT32_MAX}",
+                            param=f"options.{key}")
+    return value
+
+
+def _shown(key: str) -> str:
+    # An unknown option's name goes back in the error; a client may send 8 MB of it.
+    return key if len(key) <= 64 else key[:64] + "..."
+
+
 def _num_predict(raw: dict) -> int | None:
     """max_tokens for Ollama's num_predict: -1 (and -2, "fill the
-    context") mean no limit."""
-    n = typed_field(raw, "num_predict", (int,))
+    context") mean no limit. Raises InvalidParams naming options.num_predict."""
+    try:
+        n = typed_field(raw, "num_predict", (int,))
+    except InvalidParams as e:
+        raise InvalidParams(f"options: {e.message}", param="options.num_predict") from None
     if n in (-1, -2):
         return None
     if n < 1:
@@ -227,10 +249,11 @@ def common_fields(body: dict) -> tuple[str | None, bool]:
 
 def chat_messages(messages: Any) -> list[dict]:
     """Ollama's messages as OpenAI's, for LLM.chat_tokens (which validates
-    the rest): tool calls get ids where they have none, a tool result is
-    tied to the call it answers by `tool_name`, a past `thinking` is left
-    out (templates drop past thoughts too). Raises InvalidParams for
-    images and for anything that is not a list of objects."""
+    the rest): a missing or null content is "" (Ollama's default), tool
+    calls get ids where they have none, a tool result is tied to the call it
+    answers by `tool_name`, a past `thinking` is left out (templates drop
+    past thoughts too). Raises InvalidParams for images, a role other than
+    OLLAMA_ROLES, and anything that is not a list of objects."""
     if messages is None:
         return []
     if not isinstance(messages, list):
@@ -243,8 +266,9 @@ def chat_messages(messages: Any) -> list[dict]:
             raise InvalidParams(f"messages[{i}].images: images are not supported by llmctl "
                                 "(text models only)", param="images")
         m = {k: v for k, v in message.items() if k not in ("images", "thinking", "tool_name")}
-        if isinstance(m.get("role"), str):
-            m["role"] = m["role"].lower()
+        m["role"] = _ollama_role(i, m.get("role"))
+        if m.get("content") is None:
+            m["content"] = ""
         if isinstance(m.get("tool_calls"), list):
             m["tool_calls"] = [_with_id(call, f"call_{i}_{j}", unanswered)
                                for j, call in enumerate(m["tool_calls"])]
@@ -256,6 +280,17 @@ def chat_messages(messages: Any) -> list[dict]:
                 m["name"] = name
         out.append(m)
     return out
+
+
+def _ollama_role(i: int, role: Any) -> str:
+    """messages[i].role, lower-cased. Ollama hands any other role to its
+    template, where most templates drop the message unseen; llmctl refuses
+    it instead of answering a conversation the model never saw."""
+    if isinstance(role, str) and role.lower() in OLLAMA_ROLES:
+        return role.lower()
+    shown = role[:32] if isinstance(role, str) else role if role is None else type(role).__name__
+    raise InvalidParams(f"messages[{i}].role must be one of {', '.join(OLLAMA_ROLES)}, "
+                        f"got {shown!r}", param="messages")
 
 
 def _with_id(call: Any, new_id: str, unanswered: list[tuple[str, str]]) -> Any:
