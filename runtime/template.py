@@ -89,8 +89,14 @@ class ChatTemplate:
         given to a template that does not support them,
         InvalidParams(param="messages") for tool calls in the history of
         such a template (they would vanish from the prompt), and
-        TemplateError when the template fails or tries to leave the sandbox."""
+        TemplateError when the template fails or tries to leave the sandbox.
+        A template that never names the developer role gets developer
+        messages as system ones (OpenAI's newer name for them), so they are
+        not dropped unseen."""
         tools = self._tools(messages, tools)
+        if "developer" not in self.source:
+            messages = [{**m, "role": "system"} if m.get("role") == "developer" else m
+                        for m in messages]
         try:
             return self._template.render(
                 messages=messages,
@@ -120,16 +126,21 @@ class ChatTemplate:
         return tools
 
 
+# OpenAI's roles; "function" is the legacy tool result, kept for history.
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
 def normalize_messages(messages) -> list[dict]:
     """Validate OpenAI-style messages for a template: text content parts
-    flattened to one string (null content to ""), an assistant message's
-    tool_calls kept with their arguments parsed (normalize_tool_calls), a
-    tool message's tool_call_id and name kept. Raises InvalidParams
-    (param="messages") naming the message and field for anything else: no
-    messages, a message that is not an object, a missing or non-string role,
-    content that is not a string, null or list of text parts, a malformed
-    tool call or tool result, tool_calls outside an assistant message, and
-    the legacy function_call."""
+    flattened to one string, an assistant message's tool_calls kept with
+    their arguments parsed (normalize_tool_calls), a tool message's
+    tool_call_id and name kept, a legacy function result's name kept.
+    Raises InvalidParams (param="messages") naming the message and
+    field for anything else: no messages, a message that is not an object, a
+    role not in ROLES, content that is missing or null (allowed only beside
+    an assistant's tool_calls), not a string or not a list of text parts, a
+    malformed tool call or tool result, tool_calls outside an assistant
+    message, and the legacy function_call."""
     if not isinstance(messages, list) or not messages:
         raise InvalidParams("messages must be a non-empty list", param="messages")
     return [_message(i, m) for i, m in enumerate(messages)]
@@ -137,19 +148,25 @@ def normalize_messages(messages) -> list[dict]:
 
 def _message(i: int, message) -> dict:
     role = _role(i, message)
-    out = {"role": role, "content": _content(i, message.get("content"))}
     if message.get("function_call"):
         raise InvalidParams(f"messages[{i}].function_call is not supported; send tool_calls",
                             param="messages")
-    if role == "assistant":
-        calls = normalize_tool_calls(i, message.get("tool_calls"))
-        if calls:
-            out["tool_calls"] = calls
-    elif message.get("tool_calls"):
+    calls = normalize_tool_calls(i, message.get("tool_calls")) if role == "assistant" else []
+    if message.get("tool_calls") and role != "assistant":
         raise InvalidParams(f"messages[{i}].tool_calls is only allowed in assistant messages",
                             param="messages")
+    content = message.get("content")
+    if content is None and not calls:
+        raise InvalidParams(f"messages[{i}].content is required for a {role!r} message "
+                            "(only an assistant message with tool_calls may omit it)",
+                            param="messages")
+    out = {"role": role, "content": _content(i, content)}
+    if calls:
+        out["tool_calls"] = calls
     if role == "tool":
         out.update(normalize_tool_result(i, message))
+    elif role == "function":
+        out["name"] = _function_name(i, message)
     return out
 
 
@@ -158,7 +175,20 @@ def _role(i: int, message) -> str:
             or not message["role"]:
         raise InvalidParams(f"messages[{i}] must be an object with a string 'role'",
                             param="messages")
-    return message["role"]
+    role = message["role"]
+    if role not in ROLES:
+        raise InvalidParams(f"messages[{i}].role must be one of {', '.join(ROLES)}, got "
+                            f"{role[:32]!r}", param="messages")
+    return role
+
+
+def _function_name(i: int, message: dict) -> str:
+    # A function result names the function it answers; it has no call id.
+    name = message.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidParams(f"messages[{i}].name must name the function a 'function' "
+                            "message answers", param="messages")
+    return name
 
 
 def _content(i: int, content) -> str:

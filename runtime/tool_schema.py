@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from llmctl.errors import InvalidParams
-from llmctl.runtime.tool_calls import _loads
+from llmctl.runtime.tool_shapes import MAX_JSON_DEPTH, _loads
 
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+# OpenAI's limit; each tool is rendered into the prompt and the grammar.
+MAX_TOOLS = 128
 
 
 def _complaint(where: str, param: str) -> Callable[[str], InvalidParams]:
@@ -23,13 +25,15 @@ def validate_tools(tools) -> list[dict]:
     """The request's `tools`, checked and reduced to what templates read:
     [{"type": "function", "function": {"name", "description"?, "parameters"?}}].
     None and [] mean no tools. Raises InvalidParams(param="tools") naming the
-    bad entry: not a list, type other than "function", a name not matching
+    bad entry: not a list (or over MAX_TOOLS), type other than "function", a name not matching
     ^[a-zA-Z0-9_-]{1,64}$ or given twice, a description that is not a string,
     parameters that are not a JSON-schema object."""
     if tools is None:
         return []
     if not isinstance(tools, list):
         raise InvalidParams("tools must be a list", param="tools")
+    if len(tools) > MAX_TOOLS:
+        raise InvalidParams(f"tools may hold at most {MAX_TOOLS} functions", param="tools")
     out, seen = [], set()
     for i, tool in enumerate(tools):
         bad = _complaint(f"tools[{i}]", "tools")
@@ -86,7 +90,7 @@ def validate_tool_choice(tool_choice, tools: list[dict]) -> ToolChoice:
                             '{"type": "function", "function": {"name": ...}}',
                             param="tool_choice")
     if fn["name"] not in names:
-        raise InvalidParams(f"tool_choice names {fn['name']!r}, which is not among the tools",
+        raise InvalidParams(f"tool_choice names {fn['name'][:64]!r}, which is not among the tools",
                             param="tool_choice")
     return ToolChoice("function", fn["name"])
 
@@ -121,7 +125,8 @@ def normalize_tool_calls(index: int, tool_calls) -> list[dict]:
         text = fn.get("arguments")
         args = _loads(text) if isinstance(text, str) else text
         if not isinstance(args, dict):
-            raise bad(".function.arguments must be a JSON object in a string")
+            raise bad(".function.arguments must be a JSON object in a string, nested at most "
+                      f"{MAX_JSON_DEPTH} levels")
         out.append({"id": call["id"], "type": "function",
                     "function": {"name": fn["name"], "arguments": args},
                     "arguments_json": text if isinstance(text, str) else

@@ -116,12 +116,36 @@ def collect(deltas: list[Delta]) -> ParsedMessage:
                          "".join(reasoning) or None)
 
 
+# Deeper JSON than this in a tool call (the request's history or the model's
+# output) is refused: the request body is held to the same depth
+# (server/body.py), and json.loads and json.dumps recurse.
+MAX_JSON_DEPTH = 64
+
+
 def _reject_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
 def _loads(text: str):
+    """The JSON value in `text`, or None when it is not JSON or nests deeper
+    than MAX_JSON_DEPTH. Raises nothing: json.loads' RecursionError on deep
+    nesting (about 1,000 levels) is caught too."""
     try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except ValueError:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
         return None
+    return value if json_depth(value) <= MAX_JSON_DEPTH else None
+
+
+def json_depth(value) -> int:
+    """How deeply `value` nests lists and dicts (a scalar: 0), without
+    recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in value)
+    return deepest
