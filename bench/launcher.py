@@ -110,6 +110,15 @@ class Server:
                                   f"{self.log_tail()}")
             time.sleep(POLL_S)
 
+    def rss(self) -> int:
+        """The server process's resident memory in bytes. Raises
+        RuntimeError before start() or after it exited."""
+        import psutil
+
+        if self._proc is None or self._proc.poll() is not None:
+            raise RuntimeError(f"`{self.name}` is not running")
+        return psutil.Process(self._proc.pid).memory_info().rss
+
     def log_tail(self, lines: int = 5) -> str:
         """The last non-blank lines of the output, joined with ' | '."""
         try:

@@ -42,7 +42,6 @@ from functools import partial
 from pathlib import Path
 
 import httpx
-import psutil
 
 from llmctl.bench.launcher import Server, http_ok
 from llmctl.bench.load_clients import CLIENTS, Tally, run_phase
@@ -93,18 +92,6 @@ def servers(threads: int, llama_server: Path,
     return out
 
 
-def server_rss(port: int) -> int:
-    """RSS in bytes of our child process that serves PORT."""
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            cmd = proc.cmdline()
-            if "--port" in cmd and cmd[cmd.index("--port") + 1:][:1] == [str(port)]:
-                return proc.memory_info().rss
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    raise RuntimeError(f"no child process serves port {port}")
-
-
 async def drain(http: httpx.AsyncClient, base: str, gauge: Gauge) -> dict:
     """Poll GAUGE every 50 ms until it reads 0: its first reading and the
     seconds it took (None past DRAIN_LIMIT_S)."""
@@ -135,11 +122,11 @@ async def measure(srv: Server, gauge: Gauge, args: argparse.Namespace) -> dict:
         phase = partial(run_phase, http, srv.url, model, max_tokens=args.max_tokens)
         await phase(WARMUP_REQUESTS, faults=False)
         nofault = phase_summary(*await phase(args.nofault_requests, faults=False))
-        rss_start = server_rss(srv.port)
+        rss_start = srv.rss()
         fault = phase_summary(*await phase(args.requests, faults=True,
                                            bad_rounds=args.bad_rounds))
         drained = await drain(http, srv.url, gauge)
-        rss_end = server_rss(srv.port)
+        rss_end = srv.rss()
     return {"nofault": nofault, "fault": fault, **drained,
             "rss_start_mb": rss_start / MB, "rss_growth_mb": (rss_end - rss_start) / MB,
             "tok_s_ratio": fault["tok_s"] / nofault["tok_s"] if nofault["tok_s"] else None}
