@@ -10,22 +10,20 @@ model however many requests ask for it at the same time."""
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Callable
 
-from llmctl.errors import LlmctlError, ModelNotFound, ModelsBusy, ModelTooLarge
+from llmctl.errors import LlmctlError, ModelsBusy, ModelTooLarge
 from llmctl.runtime.config import LoadOptions
+from llmctl.runtime.keep_alive import FOREVER, MAX_KEEP_ALIVE_S, parse_keep_alive  # noqa: F401
 from llmctl.runtime.stats import Stats, combine
 from llmctl.store.registry import load_registry
-from llmctl.store.resolve import ResolvedModel, resolve_model
+from llmctl.store.resolve import ResolvedModel, resolve_name
 
 log = logging.getLogger("llmctl.pool")
 
-FOREVER = -1.0
 # llama.cpp's compute buffers and the engine's own arrays, beyond weights and KV.
 OVERHEAD_BYTES = 64 << 20
 
@@ -94,6 +92,23 @@ class Lease:
         self.release()
 
 
+@dataclass
+class Reservation:
+    """ModelPool.try_reserve's answer: `entry` with one use counted (to
+    `fill` first when `fresh`), or None and `why` the caller must wait;
+    `loading` is the entry being loaded by another request meanwhile."""
+
+    entry: Loaded | None
+    fresh: bool = False
+    why: str = ""
+    loading: Loaded | None = None
+
+    def raise_failed(self) -> None:
+        """After a wait: raise the error the load this waited for ended in."""
+        if self.loading is not None and self.loading.error is not None:
+            raise self.loading.error
+
+
 class ModelPool:
     """The loaded models of one server. `resolve` maps a request's model
     name to a file (never a path from a request); `acquire` loads or reuses
@@ -117,6 +132,8 @@ class ModelPool:
         self._cv = threading.Condition()
         self._models: dict[str, Loaded] = {}
         self._named: dict[str, ResolvedModel] = {}     # given on the command line
+        self._waiters: set[Callable[[], None]] = set()
+        self._needs: dict[tuple[str, str], int] = {}   # estimate_bytes, once per file
         self._closed = False
         self.retired = combine([])
         self._reaper = threading.Thread(target=self._reap, name="llmctl-keepalive", daemon=True)
@@ -146,9 +163,10 @@ class ModelPool:
 
     def resolve(self, ref: str) -> ResolvedModel:
         """The model a request names: a command-line model (or an alias of
-        one), or a name from the registry or the store. Raises ModelNotFound,
-        also for anything that looks like a file path: a request body must
-        never make the server open a file of its choosing."""
+        one), or a name from the registry or the store. Raises ModelNotFound
+        with one message (store.resolve.UNKNOWN_MODEL) for every other name,
+        a file path included: a request body must never make the server open,
+        or even look for, a file of its choosing."""
         ref = ref.removesuffix(":latest")       # Ollama clients add the default tag
         named = self._named.get(ref)
         if named is not None:
@@ -157,10 +175,7 @@ class ModelPool:
         for spec in load_registry().models.values():
             if ref in (spec.repo, f"{spec.repo}:{spec.quant}"):
                 ref = spec.name
-        if _looks_like_path(ref):
-            raise ModelNotFound(f"model {ref!r}: requests name models, not files; give a file "
-                                "on the command line (`llmctl serve PATH`)", param="model")
-        return resolve_model(ref)
+        return resolve_name(ref)
 
     # ---- leases -------------------------------------------------------------------
 
@@ -186,51 +201,93 @@ class ModelPool:
     def acquire(self, ref: str, keep_alive_s: float | None = None) -> Lease:
         """A lease on the model `ref`, loading it if needed (blocking: call
         it off the event loop). `keep_alive_s` replaces the model's keep-alive
-        from this request on (0: unload as soon as it is idle)."""
+        from this request on (0: unload as soon as it is idle). The server
+        waits without a thread instead: try_reserve, add_waiter, fill."""
         resolved = self.resolve(ref)
+        deadline = time.monotonic() + self.wait_s
         with self._cv:
-            entry = self._wait_or_reserve(resolved, keep_alive_s)
-            if entry.llm is not None:
-                return Lease(self, entry)
+            while (got := self.try_reserve(resolved, keep_alive_s)).entry is None:
+                self._wait(deadline, got.why)
+                got.raise_failed()
+        return self.fill(got.entry) if got.fresh else Lease(self, got.entry)
+
+    def try_reserve(self, resolved: ResolvedModel, keep_alive_s: float | None) -> "Reservation":
+        """Never waits: the loaded entry with this use counted, a new
+        loading entry the caller must `fill` (or `abandon`), or nothing and
+        why (wait for add_waiter's call, then try again). Unloading idle
+        models to make room happens here. Raises ModelTooLarge and, once
+        closed, LlmctlError."""
+        with self._cv:
+            self._check_open()
+            entry = self._models.get(resolved.name)
+            if entry is not None and entry.loading:
+                return Reservation(None, why=f"model {resolved.name!r} is still loading",
+                                   loading=entry)
+            if entry is not None:
+                self._use(entry, keep_alive_s)
+                return Reservation(entry)
+            need = self._need(resolved)
+            why = self._make_room(need)
+            if why is not None:
+                return Reservation(None, why=why)
+            entry = Loaded(resolved.name, resolved, need,
+                           self.keep_alive_s if keep_alive_s is None else keep_alive_s,
+                           active=1, last_used=time.time())
+            self._models[entry.name] = entry
+            return Reservation(entry, fresh=True)
+
+    def fill(self, entry: Loaded) -> Lease:
+        """Load the model of a fresh reservation (blocking) and lease it.
+        Raises what loading raises (every waiter for it then gets the same
+        error), and LlmctlError when the pool closed meanwhile."""
         try:
-            llm = self._load(resolved, self._opts_for(resolved))
+            llm = self._load(entry.resolved, self._opts_for(entry.resolved))
         except BaseException as e:
             with self._cv:
                 entry.error = e
                 self._models.pop(entry.name, None)
-                self._cv.notify_all()
+                self._notify()
             raise
         with self._cv:
             entry.llm, entry.loaded_at = llm, time.time()
-            self._cv.notify_all()
+            self._notify()
             if self._closed:        # shut down while it loaded: nobody may use it
                 self._unload(entry, "shutdown")
                 raise LlmctlError("the server is shutting down")
         log.info("loaded %s (%.0f MB planned)", entry.name, entry.bytes / 1e6)
         return Lease(self, entry)
 
-    def _wait_or_reserve(self, resolved: ResolvedModel, keep_alive_s: float | None) -> Loaded:
-        """Under the lock: the loaded entry with its use counted, or a new
-        loading entry this caller must fill."""
-        deadline = time.monotonic() + self.wait_s
-        while True:
-            self._check_open()
-            entry = self._models.get(resolved.name)
-            if entry is not None and entry.loading:
-                self._wait(deadline, f"model {resolved.name!r} is still loading")
-                if entry.error is not None:
-                    raise entry.error
-                continue
-            if entry is not None:
-                self._use(entry, keep_alive_s)
-                return entry
-            need = self._estimate(resolved, self.opts)
-            if self._make_room(need, deadline):
-                entry = Loaded(resolved.name, resolved, need,
-                               self.keep_alive_s if keep_alive_s is None else keep_alive_s,
-                               active=1, last_used=time.time())
-                self._models[entry.name] = entry
-                return entry
+    def abandon(self, entry: Loaded) -> None:
+        """Give back a fresh reservation that will not be filled (its
+        request went away first); waiters for it try again."""
+        with self._cv:
+            if entry.loading and self._models.get(entry.name) is entry:
+                del self._models[entry.name]
+            self._notify()
+
+    def add_waiter(self, wake: Callable[[], None]) -> None:
+        """Call `wake()` (under the pool's lock: it must not block) whenever
+        a reservation that had to wait may now succeed."""
+        with self._cv:
+            self._waiters.add(wake)
+
+    def remove_waiter(self, wake: Callable[[], None]) -> None:
+        with self._cv:
+            self._waiters.discard(wake)
+
+    def _notify(self) -> None:
+        self._cv.notify_all()
+        for wake in list(self._waiters):
+            try:
+                wake()
+            except Exception:       # a waiter whose loop is gone
+                log.debug("a pool waiter failed", exc_info=True)
+
+    def _need(self, resolved: ResolvedModel) -> int:
+        key = (resolved.name, str(resolved.path))
+        if key not in self._needs:
+            self._needs[key] = self._estimate(resolved, self.opts)
+        return self._needs[key]
 
     @staticmethod
     def _use(entry: Loaded, keep_alive_s: float | None) -> None:
@@ -239,10 +296,10 @@ class ModelPool:
         if keep_alive_s is not None:
             entry.keep_alive_s = keep_alive_s
 
-    def _make_room(self, need: int, deadline: float) -> bool:
+    def _make_room(self, need: int) -> str | None:
         """Unload idle models, least recently used first, until `need` bytes
-        and a model slot are free. False after waiting for a request to end
-        (the caller looks again); raises when waiting cannot help."""
+        and a model slot are free: None once they are, else why the caller
+        must wait for a request to end. Raises when waiting cannot help."""
         if need > self.memory_budget:
             raise ModelTooLarge(
                 f"the model needs about {need / 1e9:.2f} GB (weights and KV cache) and the "
@@ -251,12 +308,11 @@ class ModelPool:
         while len(self._models) >= self.models_max or self._used() + need > self.memory_budget:
             idle = [e for e in self._models.values() if not e.active and not e.loading]
             if not idle:
-                self._wait(deadline, f"every loaded model is busy ({self._used() / 1e9:.2f} of "
-                           f"{self.memory_budget / 1e9:.2f} GB, {len(self._models)} of "
-                           f"{self.models_max} models); {need / 1e9:.2f} GB more is needed")
-                return False
+                return (f"every loaded model is busy ({self._used() / 1e9:.2f} of "
+                        f"{self.memory_budget / 1e9:.2f} GB, {len(self._models)} of "
+                        f"{self.models_max} models); {need / 1e9:.2f} GB more is needed")
             self._unload(min(idle, key=lambda e: e.last_used), "to make room")
-        return True
+        return None
 
     def _wait(self, deadline: float, why: str) -> None:
         left = deadline - time.monotonic()
@@ -269,7 +325,7 @@ class ModelPool:
             entry.last_used = time.time()
             if not entry.active and entry.keep_alive_s == 0 and self._models.get(entry.name) is entry:
                 self._unload(entry, "keep_alive 0")
-            self._cv.notify_all()
+            self._notify()
 
     # ---- unloading ----------------------------------------------------------------
 
@@ -285,7 +341,7 @@ class ModelPool:
                 entry.keep_alive_s = 0
             else:
                 self._unload(entry, "stop")
-            self._cv.notify_all()
+            self._notify()
             return True
 
     def _unload(self, entry: Loaded, why: str) -> None:
@@ -309,6 +365,8 @@ class ModelPool:
                        if not e.loading and e.expires_at is not None and e.expires_at <= now]
                 for entry in due:
                     self._unload(entry, "keep-alive expired")
+                if due:
+                    self._notify()
                 nexts = [e.expires_at for e in self._models.values()
                          if not e.loading and e.expires_at is not None]
                 self._cv.wait(timeout=min(max(min(nexts) - now, 0.05), 60) if nexts else 60)
@@ -344,49 +402,8 @@ class ModelPool:
             for entry in list(self._models.values()):
                 if not entry.loading:
                     self._unload(entry, "shutdown")
-            self._cv.notify_all()
+            self._notify()
         self._reaper.join(timeout=5)
-
-
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
-
-
-def parse_keep_alive(value) -> float:
-    """Seconds from Ollama's keep_alive forms: a number of seconds, or a
-    duration such as "5m", "90s", "1h30m"; any negative value means forever
-    (FOREVER). Raises ValueError naming the accepted forms."""
-    if isinstance(value, bool):
-        raise ValueError("must be a number of seconds or a duration like '5m'")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str) and value.strip():
-        seconds = _duration(value.strip())
-    else:
-        raise ValueError("must be a number of seconds or a duration like '5m'")
-    if seconds != seconds or seconds in (float("inf"), float("-inf")):
-        raise ValueError("must be finite")
-    return FOREVER if seconds < 0 else seconds
-
-
-def _duration(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    sign = -1.0 if text.startswith("-") else 1.0
-    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text.lstrip("-"))
-    if not parts or "".join(n + u for n, u in parts) != text.lstrip("-"):
-        raise ValueError(f"{text!r} is not a duration (use e.g. 30s, 5m, 1h, -1)")
-    return sign * sum(float(n) * _UNITS[u] for n, u in parts)
-
-
-def _looks_like_path(ref: str) -> bool:
-    if ref.endswith(".gguf") or ref.startswith(("/", ".", "~")) or "\\" in ref:
-        return True
-    try:
-        return Path(ref).exists()
-    except OSError:
-        return True
 
 
 def _load_llm(resolved: ResolvedModel, opts: LoadOptions):

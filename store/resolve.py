@@ -48,22 +48,49 @@ def _suggest(name: str, index: StoreIndex) -> str:
     return f"unknown model {name!r}{hint} (see `llmctl list`)"
 
 
+# What a request that names no known model is told, whatever it named: the
+# same words and status for a typo, a path that exists and one that does
+# not, so the answer reveals nothing about the server's files.
+UNKNOWN_MODEL = ("the model named in the request is not one this server has; "
+                 "GET /v1/models or /api/tags lists the models it serves")
+
+
 def resolve_model(ref: str | None, index: StoreIndex | None = None,
                   progress: Progress | None = None) -> ResolvedModel:
     """A path, a store name or a registry name, as a GGUF file; a registry
     model shipped in part packages is joined into the store on first use,
-    reporting to `progress`. Raises ModelNotFound (with the pip command for
-    missing parts), BadModelFile, IntegrityError and DiskSpaceError."""
+    reporting to `progress`. For the command line only: requests go through
+    resolve_name. Raises ModelNotFound (with the pip command for missing
+    parts), BadModelFile, IntegrityError and DiskSpaceError."""
     index = index or StoreIndex()
     ref = ref or default_model_name()
-    registry = load_registry()
-    spec = registry.get(ref)
     path = Path(ref).expanduser()
     if path.suffix == ".gguf" or path.is_file() or "/" in ref and path.exists():
         if not path.exists():
             raise ModelNotFound(f"model file not found: {path}")
         check_magic(path)
         return ResolvedModel(name=path.stem, path=path)
+    found = _by_name(ref, index, progress)
+    if found is None:
+        raise ModelNotFound(_suggest(ref, index))
+    return found
+
+
+def resolve_name(ref: str, index: StoreIndex | None = None,
+                 progress: Progress | None = None) -> ResolvedModel:
+    """A store or registry model by its name alone, for a request: no path
+    a request names is ever looked at. Raises ModelNotFound (UNKNOWN_MODEL,
+    param "model", for every name that is not a model; the pull command for
+    a registry model not downloaded) and what joining part packages raises."""
+    found = _by_name(ref, index or StoreIndex(), progress)
+    if found is None:
+        raise ModelNotFound(UNKNOWN_MODEL, param="model")
+    return found
+
+
+def _by_name(ref: str, index: StoreIndex, progress: Progress | None) -> ResolvedModel | None:
+    """A store or registry name as a file; None when it is neither."""
+    spec = load_registry().get(ref)
     entry = index.get(ref)
     if entry is not None and Path(entry.path).is_file():
         return ResolvedModel(name=ref, path=Path(entry.path),
@@ -80,4 +107,4 @@ def resolve_model(ref: str | None, index: StoreIndex | None = None,
         entry = index.register_file(ref, file, source=f"pypi:{spec.package}")
         return ResolvedModel(name=ref, path=file, context=spec.context,
                              template=spec.template, entry=entry)
-    raise ModelNotFound(_suggest(ref, index))
+    return None
