@@ -25,6 +25,7 @@ from llmctl.server.chat_output import ChatShaper
 from llmctl.server.choices import ChoiceWriter
 from llmctl.server.protocol import ParsedRequest, ResponseIds, parse_request
 from llmctl.server.state import ServerState, leased, state_of
+from llmctl.server.workers import converting_field, parse_within_deadline, run_on
 
 router = APIRouter()
 
@@ -59,7 +60,12 @@ def _sse(obj: dict) -> str:
 
 async def _generate(request: Request, chat: bool) -> Response:
     state = state_of(request)
-    req = parse_request(await json_body(request), chat, state.defaults)
+    body = await json_body(request)
+    # Converting schemas to grammars is CPU work of unbounded cost: never on
+    # the loop, and a 400 past the deadline.
+    req = await parse_within_deadline(
+        state.workers, converting_field(body, ("response_format", "tools")),
+        parse_request, body, chat, state.defaults)
     lease = await state.lease(req.model, req.keep_alive)
     return await leased(lease, _respond(request, state, req, lease, chat))
 
@@ -70,9 +76,11 @@ async def _respond(request: Request, state: ServerState, req: ParsedRequest, lea
     when its stream ends."""
     llm = lease.llm
     fmt = llm.template.tool_format
-    params = req.structured.sampling(req.params, fmt)
+    # Tools become a grammar only now, for this model's format: off the loop too.
+    params = await parse_within_deadline(state.workers, "tools" if req.structured.tools else None,
+                                         req.structured.sampling, req.params, fmt)
     # Rendering and tokenizing a large prompt takes a while: off the loop.
-    tokens = await asyncio.to_thread(_prompt_tokens, llm, req)
+    tokens = await run_on(state.workers.render, _prompt_tokens, llm, req)
     streams = _open_streams(llm, tokens, params, req.n)
     watcher = asyncio.create_task(cancel_on_disconnect(request, streams))
     setup = req.structured.setup(

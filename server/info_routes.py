@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
@@ -11,6 +9,7 @@ from llmctl.errors import InvalidParams
 from llmctl.server.body import json_body
 from llmctl.server.metrics import render as render_metrics
 from llmctl.server.state import state_of
+from llmctl.server.workers import run_on
 
 router = APIRouter()
 
@@ -61,9 +60,9 @@ async def tokenize(request: Request):
         raise InvalidParams("'content' must be a string", param="content")
     with await state_of(request).lease(_model_field(body)) as lease:
         # Off the event loop: a large text would stall every stream meanwhile.
-        tokens = await asyncio.to_thread(lease.llm.model.tokenize, content,
-                                         add_special=bool(body.get("add_special", False)),
-                                         parse_special=True)
+        tokens = await run_on(state_of(request).workers.render, lease.llm.model.tokenize,
+                              content, add_special=bool(body.get("add_special", False)),
+                              parse_special=True)
     return {"tokens": tokens}
 
 
@@ -76,7 +75,8 @@ async def detokenize(request: Request):
         if not isinstance(tokens, list) or not all(
                 type(t) is int and 0 <= t < model.n_vocab for t in tokens):
             raise InvalidParams("'tokens' must be a list of token ids", param="tokens")
-        return {"content": model.detokenize(tokens)}
+        return {"content": await run_on(state_of(request).workers.render,
+                                        model.detokenize, tokens)}
 
 
 def _model_field(body: dict) -> str | None:

@@ -41,6 +41,7 @@ from llmctl.server.ollama_request import (
 )
 from llmctl.server.state import ServerState, leased, state_of
 from llmctl.server.tool_protocol import Structured
+from llmctl.server.workers import converting_field, parse_within_deadline, run_on
 
 router = APIRouter(route_class=OllamaRoute)
 router.include_router(ollama_models.router)
@@ -68,28 +69,37 @@ class _Request:
 
 @router.post("/api/chat")
 async def chat(request: Request):
-    start = time.monotonic()
-    state = state_of(request)
-    body = await json_body(request)
-    model, stream = common_fields(body)
-    req = _Request(True, model, stream, body.get("keep_alive"),
-                   parse_options(body.get("options"), state.defaults),
-                   parse_structured_fields(body, body.get("tools")), parse_think(body),
-                   chat_messages(body.get("messages")), None)
-    return await _generate(request, state, req, start)
+    return await _handle(request, chat=True)
 
 
 @router.post("/api/generate")
 async def generate(request: Request):
+    return await _handle(request, chat=False)
+
+
+async def _handle(request: Request, chat: bool) -> Response:
     start = time.monotonic()
     state = state_of(request)
     body = await json_body(request)
-    model, stream = common_fields(body)
-    req = _Request(False, model, stream, body.get("keep_alive"),
-                   parse_options(body.get("options"), state.defaults),
-                   parse_structured_fields(body), parse_think(body), None,
-                   parse_generate_prompt(body))
+    # `format` and `tools` become grammars: never on the loop, and a 400
+    # past the parse deadline.
+    req = await parse_within_deadline(state.workers, converting_field(body, ("format", "tools")),
+                                      _parse, body, chat, state.defaults)
     return await _generate(request, state, req, start)
+
+
+def _parse(body: dict, chat: bool, defaults) -> _Request:
+    """A validated /api/chat or /api/generate body. Raises InvalidParams
+    naming the field."""
+    model, stream = common_fields(body)
+    options = parse_options(body.get("options"), defaults)
+    if chat:
+        return _Request(True, model, stream, body.get("keep_alive"), options,
+                        parse_structured_fields(body, body.get("tools")), parse_think(body),
+                        chat_messages(body.get("messages")), None)
+    return _Request(False, model, stream, body.get("keep_alive"), options,
+                    parse_structured_fields(body), parse_think(body), None,
+                    parse_generate_prompt(body))
 
 
 async def _generate(request: Request, state: ServerState, req: _Request, start: float) -> Response:
@@ -107,7 +117,7 @@ async def _load_or_unload(state: ServerState, req: _Request) -> Response:
     if name is None:
         raise InvalidParams("'model' is required", param="model")
     if keep_alive_is_zero(req.keep_alive):
-        await asyncio.to_thread(state.pool.unload, name)
+        await run_on(state.workers.query, state.pool.unload, name)
         reason = "unload"
     else:
         (await state.lease(name, req.keep_alive)).release()
@@ -142,8 +152,12 @@ async def _respond(request: Request, state: ServerState, req: _Request, lease: L
     """The response on a leased model; a streaming one releases the lease
     when its stream ends."""
     llm = lease.llm
-    params = req.structured.sampling(req.options.for_context(llm.n_ctx), llm.template.tool_format)
-    tokens = await asyncio.to_thread(_prompt_tokens, llm, req)
+    # Tools become a grammar only now, for this model's format: off the loop too.
+    params = await parse_within_deadline(state.workers, "tools" if req.structured.tools else None,
+                                         req.structured.sampling,
+                                         req.options.for_context(llm.n_ctx),
+                                         llm.template.tool_format)
+    tokens = await run_on(state.workers.render, _prompt_tokens, llm, req)
     started_in_thought = opens_thought(llm.model.detokenize(tokens[-8:]))
     thinks = THINK_OPEN in llm.template.source or started_in_thought
     structured = replace(req.structured,

@@ -24,6 +24,7 @@ from llmctl.server.ollama_request import (
 )
 from llmctl.server.protocol import typed_field
 from llmctl.server.state import state_of
+from llmctl.server.workers import run_on
 from llmctl.store.gguf_info import read_gguf_info
 from llmctl.store.index import StoreIndex
 from llmctl.store.resolve import ResolvedModel
@@ -75,7 +76,7 @@ def _local_models(named: list[ResolvedModel]) -> list[dict]:
 async def tags(request: Request):
     pool = state_of(request).pool
     named = [pool.resolve(name) for name in pool.named()]
-    return {"models": await asyncio.to_thread(_local_models, named)}
+    return {"models": await run_on(state_of(request).workers.query, _local_models, named)}
 
 
 def _running(entry: Loaded) -> dict:
@@ -83,10 +84,7 @@ def _running(entry: Loaded) -> dict:
     "llmctl" (what `llmctl ps` shows)."""
     llm, now = entry.llm, time.time()
     listing = _listing(entry.resolved)
-    if entry.keep_alive_s < 0:
-        expires = far_future()
-    else:           # in use: at least a keep-alive from now
-        expires = rfc3339(entry.expires_at or now + entry.keep_alive_s)
+    expires = _expiry(entry, now)
     stats = llm.stats()
     return {"name": entry.name, "model": entry.name, "size": entry.bytes,
             "digest": listing["digest"], "details": listing["details"], "expires_at": expires,
@@ -98,10 +96,24 @@ def _running(entry: Loaded) -> dict:
                        "n_gpu_layers": llm.n_gpu_layers}}
 
 
+def _expiry(entry: Loaded, now: float) -> str:
+    """When `entry` unloads, as Ollama writes it: far_future() for a model
+    kept forever, and for any time past what a datetime can hold (the pool
+    caps keep_alive, but a listing must never fail on one)."""
+    if entry.keep_alive_s < 0:
+        return far_future()
+    when = entry.expires_at or now + entry.keep_alive_s    # in use: a keep-alive from now
+    try:
+        return rfc3339(when)
+    except (OverflowError, OSError, ValueError):
+        return far_future()
+
+
 @router.get("/api/ps")
 async def ps(request: Request):
-    loaded = [e for e in state_of(request).pool.loaded() if e.llm is not None]
-    return {"models": await asyncio.to_thread(lambda: [_running(e) for e in loaded])}
+    state = state_of(request)
+    loaded = [e for e in state.pool.loaded() if e.llm is not None]
+    return {"models": await run_on(state.workers.query, lambda: [_running(e) for e in loaded])}
 
 
 @router.get("/api/version")
@@ -157,10 +169,10 @@ def _show(resolved: ResolvedModel, defaults, n_ctx: int | None) -> dict:
 async def show(request: Request):
     state = state_of(request)
     name = _model_name(await json_body(request))
-    resolved = await asyncio.to_thread(state.pool.resolve, name)
+    resolved = await run_on(state.workers.query, state.pool.resolve, name)
     entry = state.pool.get(resolved.name)
     n_ctx = entry.llm.n_ctx if entry is not None and entry.llm is not None else None
-    return await asyncio.to_thread(_show, resolved, state.defaults, n_ctx)
+    return await run_on(state.workers.query, _show, resolved, state.defaults, n_ctx)
 
 
 def _texts(value) -> list[str]:

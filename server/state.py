@@ -12,9 +12,10 @@ from typing import Awaitable
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from llmctl.errors import EngineFailed, InvalidParams, ModelLoading, ModelNotFound
-from llmctl.runtime.pool import Lease, ModelPool, parse_keep_alive
+from llmctl.errors import EngineFailed, InvalidParams, ModelLoading, ModelNotFound, ModelsBusy
+from llmctl.runtime.pool import Lease, Loaded, ModelPool, Reservation, parse_keep_alive
 from llmctl.runtime.sampling import SamplingParams
+from llmctl.server.workers import Workers, run_on
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class ServerState:
     preloading: bool = False            # `serve MODEL` is loading MODEL
     load_error: str | None = None       # ... and it failed
     started: float = field(default_factory=time.time)
+    workers: Workers = field(default_factory=Workers)   # the app shuts them down
 
     @classmethod
     def serving(cls, llm, **kwargs) -> "ServerState":
@@ -48,10 +50,11 @@ class ServerState:
 
     async def lease(self, model: str | None, keep_alive=None) -> Lease:
         """A lease on the model a request names (the default when None),
-        loaded if needed. `keep_alive` is the request's raw value. Raises
-        InvalidParams for a bad keep_alive, ModelLoading when no model is
-        named and none is the default, EngineFailed for a dead engine, and
-        what ModelPool.acquire raises."""
+        loaded if needed; waiting for it holds no thread. `keep_alive` is
+        the request's raw value. Raises InvalidParams for a bad keep_alive,
+        ModelLoading when no model is named and none is the default,
+        EngineFailed for a dead engine, ModelNotFound (param "model"),
+        ModelsBusy after the pool's wait, and what loading raises."""
         keep = request_keep_alive(keep_alive)
         name = model or self.default
         if name is None:
@@ -59,7 +62,7 @@ class ServerState:
         lease = self.pool.acquire_loaded(name, keep)
         if lease is None:
             try:
-                lease = await asyncio.to_thread(self.pool.acquire, name, keep)
+                lease = await self._acquire(name, keep)
             except ModelNotFound as e:
                 e.param = e.param or "model"    # the request's field that named it
                 raise
@@ -69,16 +72,86 @@ class ServerState:
                                f"{lease.llm.engine.failure or 'shut down'}")
         return lease
 
+    async def _acquire(self, name: str, keep: float | None) -> Lease:
+        """ModelPool.acquire without holding a thread while it waits: tries
+        run on the query workers, the wait is an asyncio event the pool sets
+        when room may have appeared, and the load runs on the load workers."""
+        pool, workers = self.pool, self.workers
+        resolved = await run_on(workers.query, pool.resolve, name)
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+
+        def wake() -> None:             # on a pool thread, under its lock
+            loop.call_soon_threadsafe(woken.set)
+
+        pool.add_waiter(wake)
+        try:
+            deadline = loop.time() + pool.wait_s
+            while True:
+                woken.clear()           # before trying: a wake-up after it is kept
+                got = await _settled(workers.query.submit(pool.try_reserve, resolved, keep),
+                                     lambda r: _undo(pool, r))
+                if got.entry is not None:
+                    break
+                try:
+                    async with asyncio.timeout(max(deadline - loop.time(), 0)):
+                        await woken.wait()
+                except TimeoutError:
+                    raise ModelsBusy(got.why) from None
+                got.raise_failed()
+        finally:
+            pool.remove_waiter(wake)
+        if not got.fresh:
+            return Lease(pool, got.entry)
+        return await _settled(workers.load.submit(pool.fill, got.entry), Lease.release)
+
     def health(self) -> tuple[str, str | None]:
-        """("ok" | "loading" | "error", why)."""
+        """("ok" | "loading" | "error", why): an engine that stopped, or one
+        that has work and has made no step for a while, is an error."""
         if self.load_error:
             return "error", self.load_error
         if self.preloading:
             return "loading", None
         for entry in self.pool.loaded():
-            if entry.llm is not None and not entry.llm.engine.alive:
-                return "error", f"the engine of {entry.name!r} has stopped: {entry.llm.engine.failure}"
+            why = _engine_trouble(entry)
+            if why is not None:
+                return "error", why
         return "ok", None
+
+
+def _engine_trouble(entry: Loaded) -> str | None:
+    if entry.llm is None:
+        return None
+    engine = entry.llm.engine
+    if not engine.alive:
+        return f"the engine of {entry.name!r} has stopped: {engine.failure}"
+    stalled = getattr(engine, "stalled", None)
+    why = stalled() if stalled is not None else None
+    return f"the engine of {entry.name!r} is stalled: {why}" if why else None
+
+
+def _undo(pool: ModelPool, got: Reservation) -> None:
+    """Give back what a try_reserve got for a request that went away."""
+    if got.entry is None:
+        return
+    if got.fresh:
+        pool.abandon(got.entry)
+    else:
+        Lease(pool, got.entry).release()
+
+
+async def _settled(future, undo):
+    """The result of a worker's `future`. Should the awaiting request be
+    cancelled first, the call still runs to its end and `undo(result)`
+    gives back what it took (a use of a model, a reservation)."""
+    try:
+        return await asyncio.shield(asyncio.wrap_future(future))
+    except asyncio.CancelledError:
+        def later(f) -> None:
+            if not f.cancelled() and f.exception() is None:
+                undo(f.result())
+        future.add_done_callback(later)
+        raise
 
 
 async def leased(lease: Lease, respond: Awaitable[Response]) -> Response:

@@ -1,0 +1,162 @@
+"""The event loop stays free whatever a request asks (issue #20 findings 1,
+3 and 6): grammar conversion and large bodies run on parse workers under a
+deadline, nesting is measured before json.loads, SIGTERM still ends a
+server whose worker is stuck, and /health reports a wedged engine."""
+
+import json
+import signal
+import sys
+import threading
+
+import httpx
+import pytest
+
+from llmctl.bench.launcher import Server
+from llmctl.server.body import MAX_DEPTH, nesting_depth
+
+MSG = [{"role": "user", "content": "hi"}]
+SLOW = {"type": "object", "description": "slow"}     # the marker the patched converter spins on
+
+# `llmctl serve` whose schema converter spins (pure Python, holding the GIL
+# as the endless $ref loop of finding 1 did) on any schema marked "slow".
+BOOT = """
+import sys, time
+import llmctl.runtime.grammar as g
+visit = g._Converter.visit
+def spin(self, schema, name):
+    if isinstance(schema, dict) and schema.get("description") == "slow":
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            pass
+    return visit(self, schema, name)
+g._Converter.visit = spin
+from llmctl.cli.app import main
+sys.argv = ["llmctl", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.fixture(scope="module")
+def spinning(session_home):
+    # Qwen's template writes tool calls, so `tools` become a grammar too.
+    srv = Server([sys.executable, "-c", BOOT, "serve", "qwen2.5-coder-0.5b", "--ctx-size", "512",
+                  "--max-num-seqs", "2"], name="llmctl serve",
+                 env={"LLMCTL_HOME": str(session_home), "LLMCTL_PARSE_DEADLINE_S": "2"})
+    with srv:
+        yield srv
+
+
+def _slow_requests():
+    tool = {"type": "function", "function": {"name": "f", "parameters": SLOW}}
+    return [
+        ("/v1/chat/completions", "response_format",
+         {"messages": MSG, "response_format": {"type": "json_schema",
+                                               "json_schema": {"name": "s", "schema": SLOW}}}),
+        ("/v1/chat/completions", "tools", {"messages": MSG, "tools": [tool]}),
+        ("/api/chat", "format", {"messages": MSG, "format": SLOW,
+                                 "stream": False}),
+    ]
+
+
+@pytest.mark.slow
+def test_a_spinning_conversion_is_a_400_and_never_blocks_the_loop(spinning):
+    for path, field, body in _slow_requests():
+        answer: list[httpx.Response] = []
+        sender = threading.Thread(target=lambda: answer.append(
+            httpx.post(spinning.url + path, json=body, timeout=60)))
+        sender.start()
+        # Before the fix the converter ran on the event loop: /health hung
+        # for as long as it spun.
+        health = httpx.get(spinning.url + "/health", timeout=5)
+        assert health.status_code == 200, health.text
+        sender.join(60)
+        r = answer[0]
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        message = error["message"] if isinstance(error, dict) else error
+        assert f"'{field}' took longer than 2 s to convert" in message, r.text
+        if isinstance(error, dict):
+            assert error["param"] == field
+    # Three workers still spin; plain requests are served meanwhile.
+    chat = httpx.post(spinning.url + "/v1/chat/completions", timeout=60,
+                      json={"messages": MSG, "max_tokens": 2})
+    assert chat.status_code == 200, chat.text
+
+
+@pytest.mark.slow
+def test_sigterm_ends_a_server_whose_parse_worker_is_stuck(session_home):
+    srv = Server([sys.executable, "-c", BOOT, "serve", "smollm2", "--ctx-size", "512"],
+                 name="llmctl serve",
+                 env={"LLMCTL_HOME": str(session_home), "LLMCTL_PARSE_DEADLINE_S": "60"})
+    with srv:
+        path, _, body = _slow_requests()[0]
+        sender = threading.Thread(target=lambda: _post_quietly(srv.url + path, body))
+        sender.start()
+        assert httpx.get(srv.url + "/health", timeout=5).status_code == 200
+        srv._proc.send_signal(signal.SIGTERM)
+        # Not the kill stop() falls back to: the server ended on its own.
+        assert srv._proc.wait(timeout=60) != -signal.SIGKILL
+        sender.join(60)
+
+
+def _post_quietly(url: str, body: dict) -> None:
+    try:
+        httpx.post(url, json=body, timeout=60)
+    except httpx.TransportError:
+        pass                # the server went away mid-request, as it should
+
+
+def test_nesting_is_measured_on_the_raw_bytes():
+    assert nesting_depth(b'{"a": [[1], {"b": []}]}') == 4
+    # Brackets inside strings, escaped quotes and backslashes do not count.
+    assert nesting_depth(b'{"a": "[[[[\\"]]]]{", "b": "\\\\", "c": [1]}') == 2
+    assert nesting_depth(b"[" * 100_000) == MAX_DEPTH + 1     # stops at the limit
+    assert nesting_depth(b'{"a": "never closed [[[[') == 1
+
+
+def test_brackets_100000_deep_are_a_400_on_both_apis(server):
+    deep = b"[" * 100_000
+    for path in ("/v1/chat/completions", "/api/chat", "/v1/embeddings"):
+        r = httpx.post(server.url + path, content=deep, timeout=30,
+                       headers={"Content-Type": "application/json"})
+        assert r.status_code == 400, (path, r.text)
+        error = r.json()["error"]
+        message = error["message"] if isinstance(error, dict) else error
+        assert "nested deeper than" in message, r.text
+    # A field nested just past the limit is still named.
+    body = {"messages": MSG, "metadata": json.loads("[" * MAX_DEPTH + "1" + "]" * MAX_DEPTH)}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "metadata", r.text
+
+
+def test_a_large_body_parses_on_a_worker_and_answers(server):
+    text = "hello world " * 20_000          # 240 KB: past the inline limit
+    r = httpx.post(server.url + "/tokenize", json={"content": text}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["tokens"]) >= 20_000
+    bad = b'{"content": "' + b"x" * 100_000 + b'", "n": NaN}'
+    r = httpx.post(server.url + "/tokenize", content=bad, timeout=60,
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "NaN" in r.json()["error"]["message"], r.text
+
+
+def test_health_reports_a_stalled_engine(llm, monkeypatch):
+    import asyncio
+
+    from llmctl.server.app import create_app
+    from llmctl.server.state import ServerState
+
+    app = create_app(ServerState.serving(llm))
+
+    async def probe():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            return await c.get("/health")
+
+    assert asyncio.run(probe()).status_code == 200
+    monkeypatch.setattr(llm.engine, "stalled", lambda: "no step for 30 s with 1 running",
+                        raising=False)
+    health = asyncio.run(probe())
+    assert health.status_code == 503, health.text
+    assert health.json() == {"status": "error", "error": "the engine of 'smollm2' is stalled: "
+                             "no step for 30 s with 1 running"}
