@@ -4,6 +4,8 @@ Handlers live in info_routes.py, completions.py and ollama*.py (Ollama's
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
@@ -15,7 +17,16 @@ from llmctl.server.state import ServerState
 def create_app(state: ServerState, bind_host: str | None = None) -> FastAPI:
     """The app for `state`; `bind_host` (the --host it listens on) is also
     accepted in the Host header of a loopback server."""
-    app = FastAPI(title="llmctl", docs_url=None, redoc_url=None)
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        # The worker threads live as long as the app: idle ones end with it,
+        # a stuck one is a daemon that ends with the process.
+        try:
+            yield
+        finally:
+            state.workers.shutdown()
+
+    app = FastAPI(title="llmctl", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.llmctl = state
     errors.install(app)
     # The last added runs first: foreign origins and rebound hosts are
