@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from llmctl.errors import LlmctlError, ModelsBusy, QueueFull, ReplicaLost
 
@@ -50,6 +51,12 @@ def install(app: FastAPI) -> None:
         body = {"error": str(e.detail)} if _ollama(request.url.path) else \
             error_body(str(e.detail), _TYPES.get(status, "invalid_request_error"))
         return JSONResponse(body, status_code=status, headers=getattr(e, "headers", None))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, e: ClientDisconnect) -> Response:
+        # No one reads this: the client left mid-body, or the body cap
+        # already answered 413 in the app's place (middleware.AccessGuard).
+        return Response(status_code=400)
 
     @app.exception_handler(Exception)
     async def _unknown(request: Request, e: Exception) -> JSONResponse:

@@ -1,6 +1,8 @@
 """Who may call the server and how much they may send, as pure ASGI
-middleware. Starlette's @app.middleware("http") wraps `receive` so that
-handlers never see http.disconnect; these pass it through untouched."""
+middleware: one policy (`layers`) that `llmctl serve` (`install`) and the
+cluster's proxies and ingress (`guard`) apply alike. Starlette's
+@app.middleware("http") wraps `receive` so that handlers never see
+http.disconnect; these pass it through untouched."""
 
 from __future__ import annotations
 
@@ -10,7 +12,10 @@ import socket
 from fnmatch import fnmatchcase
 from urllib.parse import urlsplit
 
+from starlette.applications import Starlette
 from starlette.datastructures import Headers
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmctl.errors import AuthError, Forbidden, PayloadTooLarge
@@ -101,8 +106,11 @@ class AccessGuard:
     With policy.api_key set, every route but /health (and /metrics when
     policy.metrics_public) needs `Authorization: Bearer KEY`, else 401.
     A body over policy.max_body_bytes is a 413: at once when Content-Length
-    says so, else when the streamed chunks pass the cap (the handler's read
-    of the body raises PayloadTooLarge, so no more than the cap is kept)."""
+    says so, else as soon as the streamed chunks pass the cap. The guard
+    then answers the 413 itself and tells the app the client is gone
+    (http.disconnect), so whoever reads the body (a handler, or a proxy's
+    reader task that queues it) stops with no more than the cap kept, and
+    the app's own later answer is dropped."""
 
     def __init__(self, app: ASGIApp, policy: HttpPolicy):
         self.app = app
@@ -118,7 +126,7 @@ class AccessGuard:
         if problem is not None:
             await error_response(problem, scope["path"])(scope, receive, send)
             return
-        await self.app(scope, self._capped(receive), send)
+        await _Capped(self, scope, receive, send).run()
 
     def _problem(self, scope: Scope, headers: Headers) -> AuthError | PayloadTooLarge | None:
         key = self.policy.api_key
@@ -127,25 +135,91 @@ class AccessGuard:
             token = header[7:].strip() if header[:7].lower() == "bearer " else ""
             if not secrets.compare_digest(token.encode(), key.encode()):
                 return AuthError("invalid or missing API key")
-        length = headers.get("content-length", "")
-        if length.isdigit() and int(length) > self.policy.max_body_bytes:
-            return self._too_large()
+        length = headers.get("content-length", "").strip()
+        if length.isascii() and length.isdigit() and int(length) > self.policy.max_body_bytes:
+            return self.too_large()
         return None
 
-    def _too_large(self) -> PayloadTooLarge:
+    def too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"the request body is over the server's limit of "
                                f"{self.policy.max_body_bytes} bytes (see --max-body-mb)")
 
-    def _capped(self, receive: Receive) -> Receive:
-        seen = 0
 
-        async def receive_capped() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.policy.max_body_bytes:
-                    raise self._too_large()
-            return message   # http.disconnect included, as it came
+class _Capped:
+    """One request under AccessGuard's body cap: counts the chunks the app
+    receives and, past the cap, answers 413 in the app's place."""
 
-        return receive_capped
+    def __init__(self, guard: AccessGuard, scope: Scope, receive: Receive, send: Send):
+        self.guard, self.scope, self._receive, self._send = guard, scope, receive, send
+        self.seen = 0
+        self.started = False        # a response head has gone out
+        self.refused = False        # the 413 is ours: the app's messages are dropped
+
+    async def run(self) -> None:
+        await self.guard.app(self.scope, self.receive, self.send)
+
+    async def receive(self) -> Message:
+        if self.refused:
+            return {"type": "http.disconnect"}
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.seen += len(message.get("body", b""))
+            if self.seen > self.guard.policy.max_body_bytes:
+                await self._refuse()
+                return {"type": "http.disconnect"}
+        return message   # http.disconnect included, as it came
+
+    async def send(self, message: Message) -> None:
+        if self.refused:
+            return
+        self.started = self.started or message["type"] == "http.response.start"
+        await self._send(message)
+
+    async def _refuse(self) -> None:
+        # Set before the first await: the app may try to answer meanwhile.
+        self.refused = True
+        if not self.started:
+            response = error_response(self.guard.too_large(), self.scope["path"])
+
+            async def nothing() -> Message:
+                return {"type": "http.disconnect"}
+
+            await response(self.scope, nothing, self._send)
+
+
+def layers(policy: HttpPolicy, bind_host: str | None = None) -> list[Middleware]:
+    """The access policy as ASGI middleware, outermost first: foreign
+    origins and rebound hosts are refused before anything else, CORS
+    preflights (which carry no API key) are answered next, and only then
+    are the key and the body size checked. `llmctl serve`, the cluster's
+    HTTP proxies and its ingress all apply this one list."""
+    return [Middleware(OriginGuard, policy=policy, bind_host=bind_host),
+            # Every origin that reaches this layer passed OriginGuard.
+            Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"],
+                       allow_headers=["*"]),
+            Middleware(AccessGuard, policy=policy)]
+
+
+def install(app: Starlette, policy: HttpPolicy, bind_host: str | None = None) -> None:
+    """Put `layers` on a Starlette/FastAPI app (the last added runs first)."""
+    for layer in reversed(layers(policy, bind_host)):
+        app.add_middleware(layer.cls, *layer.args, **layer.kwargs)
+
+
+def guard(app: ASGIApp, policy: HttpPolicy, bind_host: str | None = None) -> ASGIApp:
+    """Any ASGI app wrapped in `layers`: what reaches `app` passed them all.
+    Refusals are answered in the route's error shape (OpenAI's, or Ollama's
+    on /api/*); nothing is raised."""
+    for layer in reversed(layers(policy, bind_host)):
+        app = layer.cls(app, *layer.args, **layer.kwargs)
+    return app
+
+
+def http_policy(api_key: str = "", allowed_origins: str = "", max_body_mb: float = 8.0,
+                metrics_public: bool = False) -> HttpPolicy:
+    """The policy that the --api-key, --allowed-origins (comma-separated),
+    --max-body-mb and --metrics-public flags describe."""
+    return HttpPolicy(api_key=api_key or None, metrics_public=metrics_public,
+                      allowed_origins=tuple(o.strip() for o in allowed_origins.split(",")
+                                            if o.strip()),
+                      max_body_bytes=int(max_body_mb * (1 << 20)))
