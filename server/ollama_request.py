@@ -105,17 +105,21 @@ class Options:
     params: SamplingParams
     num_ctx: int | None = None
     repeat_last_n: int | None = None
+    num_predict: int | None = None      # as a limit: None also for -1 and -2
 
     def for_context(self, n_ctx: int) -> SamplingParams:
         """The parameters on a model with `n_ctx` tokens per sequence. A
         repeat_last_n of -1 or over n_ctx becomes n_ctx: no sequence holds
         more tokens, so the window means the same, and llama.cpp sizes the
         penalty's buffer by it. Raises InvalidParams when num_ctx asks for
-        more than n_ctx."""
-        if self.num_ctx is not None and self.num_ctx > n_ctx:
-            raise InvalidParams(f"options: 'num_ctx' {self.num_ctx} is over the {n_ctx} tokens "
-                                "this model is loaded with; restart the server with a larger "
-                                "--ctx-size", param="options.num_ctx")
+        more than n_ctx, or num_predict more than it could ever hold (a
+        num_predict that fits n_ctx but not beside the prompt is the
+        engine's ContextOverflow)."""
+        for key, value in (("num_ctx", self.num_ctx), ("num_predict", self.num_predict)):
+            if value is not None and value > n_ctx:
+                raise InvalidParams(f"options: '{key}' {value} is over the {n_ctx} tokens this "
+                                    "model is loaded with; restart the server with a larger "
+                                    "--ctx-size", param=f"options.{key}")
         n = self.repeat_last_n
         if n is None:
             return self.params
@@ -131,6 +135,7 @@ def parse_options(raw: Any, defaults: SamplingParams) -> Options:
     if not isinstance(raw, dict):
         raise InvalidParams("'options' must be an object", param="options")
     body: dict[str, Any] = {}
+    num_predict = None
     for key, value in raw.items():
         if value is None or key in ("num_ctx", "repeat_last_n"):
             continue
@@ -139,7 +144,7 @@ def parse_options(raw: Any, defaults: SamplingParams) -> Options:
         if key in _SAMPLING:
             body[key] = value
         elif key == "num_predict":
-            body["max_tokens"] = _num_predict(raw)
+            body["max_tokens"] = num_predict = _num_predict(raw)
         elif key in _UNSUPPORTED:
             if _UNSUPPORTED[key](value):
                 raise InvalidParams(f"option '{key}' is not supported by llmctl",
@@ -150,7 +155,7 @@ def parse_options(raw: Any, defaults: SamplingParams) -> Options:
     repeat_last_n = _option_int(raw, "repeat_last_n", -1,
                                 "-1 (the context), 0 (off) or a window of tokens")
     try:
-        return Options(parse_sampling(body, defaults), num_ctx, repeat_last_n)
+        return Options(parse_sampling(body, defaults), num_ctx, repeat_last_n, num_predict)
     except InvalidParams as e:
         raise InvalidParams(f"options: {e.message}", param=f"options.{e.param}") from None
 
