@@ -3,11 +3,16 @@
 with the backend on one model (issue 14): the time of one llama_decode of
 1, 2, 3, 5 and 9 rows after a 200-token prompt (a decode step, and a step
 that checks 1-8 guesses), and the largest logit difference between rows
-decoded one at a time and the same rows decoded together, with ggml's CPU
-weight repacking on and off. Flash attention on, as speculation uses it.
+decoded one at a time and the same rows decoded together (and between a
+row alone and beside another sequence's row), with ggml's CPU weight
+repacking on and off. Flash attention on by default, as speculation uses
+it; `--flash-attn off` measures what a prefix-cache hit and a batched
+request depend on under the server's default settings (docs/exactness.md).
+The exactness figure is llmctl.runtime.exactness's, the one `llmctl info`
+and the test suite read.
 
     .venv/bin/python scripts/bench_rows.py [--model qwen2.5-coder-1.5b] [--threads 2]
-        [--repeat 6] [--json]
+        [--repeat 6] [--flash-attn on|off] [--json]
 """
 
 from __future__ import annotations
@@ -17,23 +22,21 @@ import json
 import statistics
 import time
 
-import numpy as np
-
 from llmctl.runtime.backend import ContextConfig, LlamaContext, LlamaModel
+from llmctl.runtime.exactness import ROWS as CHECKED
+from llmctl.runtime.exactness import TEXT, compare_rows
 from llmctl.store.resolve import resolve_model
 
-TEXT = "The quick brown fox jumps over the lazy dog while the hash table grows. " * 60
 ROWS = (1, 2, 3, 5, 9)
 
 
-def measure(path, repack: bool, threads: int, repeat: int, n: int) -> dict:
+def measure(path, repack: bool, threads: int, repeat: int, n: int, flash_attn: bool) -> dict:
     model = LlamaModel(path, repack=repack)
-    ctx = LlamaContext(model, ContextConfig(n_ctx_seq=1024, n_seq_max=2, n_batch=512,
-                                            n_threads=threads, flash_attn=True))
+    ctx = LlamaContext(model, ContextConfig(n_ctx_seq=1024, n_seq_max=CHECKED + 2, n_batch=512,
+                                            n_threads=threads, flash_attn=flash_attn))
     try:
         toks = model.tokenize(TEXT, add_special=False)[:n + 20]
         ctx.decode([(0, toks[:n], 0, 0)])
-        ctx.decode([(1, toks[:n], 0, 0)])
         ms = {}
         for rows in ROWS:
             times = []
@@ -43,14 +46,9 @@ def measure(path, repack: bool, threads: int, repeat: int, n: int) -> dict:
                 times.append(time.perf_counter() - t)
                 ctx.seq_rm(0, n, -1)
             ms[rows] = 1e3 * statistics.median(times)
-        # The same 4 rows one at a time (sequence 0) and together (sequence 1).
-        alone = []
-        for i in range(4):
-            row = ctx.decode([(0, [toks[n + i]], n + i, 1)])[0]
-            alone.append(ctx.logits(row).copy())
-        first = ctx.decode([(1, toks[n:n + 4], n, 4)])[0]
-        diff = max(float(np.abs(alone[i] - ctx.logits(first + i)).max()) for i in range(4))
-        return {"ms": ms, "max_logit_diff": diff}
+        rows_diff, seqs_diff, top_diff = compare_rows(ctx, toks, n)
+        return {"ms": ms, "max_logit_diff": rows_diff, "beside_other_seqs_diff": seqs_diff,
+                "top_logprob_diff": top_diff}
     finally:
         ctx.close()
         model.close()
@@ -64,21 +62,24 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=200,
                     help="Tokens before the measured rows (over 256, flash attention splits a "
                          "lone decode row's KV across threads: not exact either way).")
+    ap.add_argument("--flash-attn", choices=("on", "off"), default="on")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     path = resolve_model(args.model).path
-    result = {name: measure(path, repack, args.threads, args.repeat, args.context)
+    flash = args.flash_attn == "on"
+    result = {name: measure(path, repack, args.threads, args.repeat, args.context, flash)
               for name, repack in (("repacked", True), ("plain layout", False))}
     if args.json:
         print(json.dumps(result, indent=1))
         return
-    print(f"{args.model}, {args.threads} threads, {args.context} tokens before, medians of "
-          f"{args.repeat}")
+    print(f"{args.model}, {args.threads} threads, {args.context} tokens before, flash attention "
+          f"{args.flash_attn}, medians of {args.repeat}")
     for name, r in result.items():
         one = r["ms"][1]
         steps = ", ".join(f"{k} rows {v:.0f} ms ({v / one:.1f}x)" for k, v in r["ms"].items())
         print(f"{name:12}: {steps}; one-at-a-time vs together: max logit diff "
-              f"{r['max_logit_diff']:.3g}")
+              f"{r['max_logit_diff']:.3g}; alone vs beside other sequences: "
+              f"{r['beside_other_seqs_diff']:.3g}; top-10 logprob diff {r['top_logprob_diff']:.3g}")
 
 
 if __name__ == "__main__":
