@@ -7,10 +7,8 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from starlette.middleware.cors import CORSMiddleware
 
-from llmctl.server import completions, embeddings, errors, info_routes, ollama
-from llmctl.server.middleware import AccessGuard, OriginGuard
+from llmctl.server import completions, embeddings, errors, info_routes, middleware, ollama
 from llmctl.server.state import ServerState
 
 
@@ -29,14 +27,8 @@ def create_app(state: ServerState, bind_host: str | None = None) -> FastAPI:
     app = FastAPI(title="llmctl", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.llmctl = state
     errors.install(app)
-    # The last added runs first: foreign origins and rebound hosts are
-    # refused before anything else, CORS preflights (which carry no API key)
-    # are answered next, and only then are the key and body size checked.
-    app.add_middleware(AccessGuard, policy=state.policy)
-    # Every origin that reaches this layer passed OriginGuard.
-    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"],
-                       allow_headers=["*"])
-    app.add_middleware(OriginGuard, policy=state.policy, bind_host=bind_host)
+    # The access policy the cluster's ingress applies too (middleware.layers).
+    middleware.install(app, state.policy, bind_host)
     app.include_router(info_routes.router)
     app.include_router(completions.router)
     app.include_router(embeddings.router)
