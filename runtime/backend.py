@@ -20,6 +20,7 @@ import llama_cpp as lc
 import numpy as np
 
 from llmctl.errors import BadModelFile, DecodeError, InvalidParams, LlmctlError, UsageError
+from llmctl.runtime.grammar_budget import GrammarBudget, GrammarClock
 from llmctl.runtime.sampling import SamplingParams
 
 _init_lock = threading.Lock()
@@ -497,7 +498,11 @@ class EmbeddingContext:
 
 # llama_token_data as numpy lays it out, to fill a candidate array in one copy.
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+_TOKEN_DATA_SIZE = ctypes.sizeof(lc.llama_token_data)
 _grammar_lock = threading.Lock()
+# Candidates per grammar filter call: small first, so the time of the first
+# call tells whether the whole vocabulary fits the budget before most of it runs.
+_FILTER_FIRST, _FILTER_MAX = 256, 8192
 
 
 @contextlib.contextmanager
@@ -557,10 +562,16 @@ class _Grammar:
     rather than by llama.cpp's lazy grammar: llama.cpp feeds the trigger's
     text to the grammar inside llama_sampler_accept, and text that does not
     fit throws a C++ exception through the C API, which aborts the process.
-    Here every token is checked with `allows` before it is accepted."""
+    Here every token is checked with `allows` before it is accepted.
 
-    def __init__(self, model: LlamaModel, text: str, triggers: tuple[str, ...]):
+    Every call into the grammar is timed against the request's budget
+    (grammar_budget.py); the methods that call it raise InvalidParams
+    (param "response_format") when the request must stop."""
+
+    def __init__(self, model: LlamaModel, text: str, triggers: tuple[str, ...],
+                 budget: GrammarBudget):
         self.model = model
+        self.clock = GrammarClock(budget)
         self.ptr = _new_grammar(model, text)
         self.triggers = [t.encode() for t in triggers]
         self.active = not triggers
@@ -571,19 +582,39 @@ class _Grammar:
     def allows(self, token: int) -> bool:
         self._one.id, self._one.logit, self._one.p = token, 1.0, 0.0
         self._one_arr.size, self._one_arr.selected = 1, -1
+        start = self.clock.now()
         lc.llama_sampler_apply(self.ptr, ctypes.byref(self._one_arr))
+        self.clock.charge(self.clock.now() - start)
         return self._one.logit != float("-inf")
 
     def apply(self, cur) -> None:
-        lc.llama_sampler_apply(self.ptr, ctypes.byref(cur))
+        """Filter every candidate, in growing slices: the grammar judges each
+        candidate alone, and between slices the budget can stop a filter
+        that would take too long before most of it has run."""
+        base, total = ctypes.addressof(cur.data.contents), cur.size
+        done, size = 0, _FILTER_FIRST
+        start = mark = self.clock.now()
+        while done < total:
+            n = min(size, total - done)
+            data = ctypes.cast(base + done * _TOKEN_DATA_SIZE, ctypes.POINTER(lc.llama_token_data))
+            part = lc.llama_token_data_array(data, n, -1, False)
+            lc.llama_sampler_apply(self.ptr, ctypes.byref(part))
+            done, size = done + n, min(2 * size, _FILTER_MAX)
+            now = self.clock.now()
+            self.clock.charge(now - mark)
+            self.clock.check_share(now - start, done, total)
+            mark = now
 
     def accept(self, token: int) -> None:
         """Advance past `token`. Raises LlmctlError where the grammar does
-        not allow it (llama.cpp itself would abort)."""
+        not allow it (llama.cpp itself would abort), and InvalidParams when
+        the grammar's cost says the request must stop."""
         if not self.allows(token):
             raise LlmctlError("the output no longer matches the grammar "
                               f"at {self.model.piece(token, True)!r}")
+        start = self.clock.now()
         lc.llama_sampler_accept(self.ptr, token)
+        self.clock.accepted(self.clock.now() - start)
 
     def watch(self, token: int) -> None:
         """While lazy: look for a trigger in the output; once one appears, the
@@ -618,9 +649,13 @@ class Sampler:
     chosen token against the grammar (llama.cpp's common_sampler does the
     same): applying a grammar to every candidate costs far more than a
     decode step. Only a rejected token makes it filter all candidates and
-    sample again. Raises InvalidParams for a bad grammar or logit_bias id."""
+    sample again. Raises InvalidParams for a bad grammar or logit_bias id.
 
-    def __init__(self, model: LlamaModel, params: SamplingParams, seed: int):
+    `budget` bounds the grammar's work per token and per request; a request
+    past it fails with InvalidParams from `sample`."""
+
+    def __init__(self, model: LlamaModel, params: SamplingParams, seed: int,
+                 budget: GrammarBudget | None = None):
         self.model = model
         self.grammar: _Grammar | None = None
         self.ptr = None
@@ -629,7 +664,8 @@ class Sampler:
         try:
             self._build_chain(model, params, seed)
             if params.grammar is not None:
-                self.grammar = _Grammar(model, params.grammar, params.grammar_triggers)
+                self.grammar = _Grammar(model, params.grammar, params.grammar_triggers,
+                                        budget or GrammarBudget())
                 self._cand = np.zeros(model.n_vocab, dtype=_TOKEN_DATA)
                 self._ids = np.arange(model.n_vocab, dtype=np.int32)
         except BaseException:
@@ -662,8 +698,12 @@ class Sampler:
 
     def sample(self, ctx: LlamaContext, row: int) -> int:
         """The next token, accepted into the chain's (and grammar's) state.
-        Raises LlmctlError when the grammar allows no token."""
+        Raises LlmctlError when the grammar allows no token, and
+        InvalidParams (param "response_format") when constraining it passed
+        the grammar budget or would pass it at the next token."""
         g = self.grammar
+        if g is not None:
+            g.clock.start_token()
         if g is None or self._stateless:
             # llama_sampler_sample also accepts the token into the chain's state.
             token = lc.llama_sampler_sample(self.ptr, ctx.ptr, row)

@@ -12,17 +12,21 @@ loop, the chat REPL) stay responsive while the engine computes."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import threading
+import time
 from typing import Any, Callable
 
+from llmctl import config
 from llmctl.errors import ContextOverflow, DecodeError, EngineFailed, InvalidParams, LlmctlError
 from llmctl.runtime.backend import ContextConfig, LlamaContext, LlamaModel, Sampler, validate_sampling
 from llmctl.runtime.config import EngineShape, LoadOptions
 from llmctl.runtime.detok import StopMatcher, Utf8Stream
 from llmctl.runtime.draft import Drafter
 from llmctl.runtime.events import ErrorEvent, FinishEvent, TokenEvent, Usage
+from llmctl.runtime.grammar_budget import GrammarBudget
 from llmctl.runtime.logprobs import TokenLogprob, token_logprob
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.scheduler import Scheduler, SchedulerConfig, Work
@@ -35,22 +39,47 @@ log = logging.getLogger("llmctl.engine")
 class _Stream:
     """Per-sequence decoding state that lives beside the Sequence."""
 
-    def __init__(self, model: LlamaModel, seq: Sequence):
+    def __init__(self, model: LlamaModel, seq: Sequence, budget: GrammarBudget):
         seed = seq.params.seed if seq.params.seed is not None else random.getrandbits(32)
-        self.sampler = Sampler(model, seq.params, seed)
+        self.sampler = Sampler(model, seq.params, seed, budget)
         self.utf8 = Utf8Stream()
         self.stops = StopMatcher(seq.params.stop)
         # Log-probabilities of tokens whose text is still held back.
         self.logprobs: list[TokenLogprob] = []
 
 
+def _stall_s() -> float:
+    """LLMCTL_ENGINE_STALL_S, else 60. Raises InvalidParams for a value that
+    is not a positive number."""
+    raw = config.env("ENGINE_STALL_S", "60")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise InvalidParams("LLMCTL_ENGINE_STALL_S must be a positive number of seconds",
+                            param="LLMCTL_ENGINE_STALL_S")
+    return value
+
+
 class Engine:
     """Runs requests on one model. Raises EngineFailed from `submit` once
-    its thread has died; `alive` and `failure` say so to health checks."""
+    its thread has died; `alive` and `failure` say so to health checks, and
+    `stalled` says when it has work and makes no step.
+
+    `stall_s` (else LLMCTL_ENGINE_STALL_S) is how long a step may take
+    before the engine counts as stalled; `grammar_budget` (else
+    LLMCTL_GRAMMAR_BUDGET_MS and _TOTAL_MS) bounds each request's grammar
+    work. The constructor raises InvalidParams for a bad variable."""
 
     def __init__(self, model: LlamaModel, opts: LoadOptions, shape: EngineShape,
-                 prefix_cache: Any = None, draft_model: LlamaModel | None = None):
+                 prefix_cache: Any = None, draft_model: LlamaModel | None = None, *,
+                 stall_s: float | None = None, grammar_budget: GrammarBudget | None = None):
         self.model = model
+        self.stall_s = stall_s if stall_s is not None else _stall_s()
+        self.grammar_budget = grammar_budget or GrammarBudget.from_env()
+        # When the engine last finished a step, or last got work while idle.
+        self._progress_at = time.monotonic()
         self.flash_attn = opts.use_flash_attn
         self.ctx = LlamaContext(model, ContextConfig(
             n_ctx_seq=shape.n_ctx_seq, n_seq_max=opts.max_num_seqs,
@@ -98,7 +127,10 @@ class Engine:
             raise EngineFailed(f"the engine has stopped: {self.failure or 'shut down'}")
         max_new = params.max_tokens or (self.n_ctx_seq - len(prompt))
         seq = Sequence(prompt=prompt, params=params, max_new=max_new, emit=emit)
+        idle = not self.scheduler.has_work()
         self.scheduler.add(seq)
+        if idle:    # an idle spell is no stall; a stuck step keeps its age
+            self._progress_at = time.monotonic()
         with self._cv:
             self._cv.notify()
         return seq
@@ -109,7 +141,24 @@ class Engine:
             self._cv.notify()
 
     def stats(self) -> Stats:
-        return self.scheduler.make_stats()
+        return dataclasses.replace(self.scheduler.make_stats(), step_age_s=self._step_age())
+
+    def _step_age(self) -> float:
+        """Seconds since the last step while there is work; 0 when idle."""
+        if not self.scheduler.has_work():
+            return 0.0
+        return max(0.0, time.monotonic() - self._progress_at)
+
+    def stalled(self) -> str | None:
+        """Why the engine counts as wedged: it has had work (running or
+        waiting requests) and finished no step for more than `stall_s`
+        seconds. None when it is idle or moving."""
+        age = self._step_age()
+        if age <= self.stall_s:
+            return None
+        running, waiting, _, _ = self.scheduler.counts()
+        return (f"the engine has finished no step for {age:.0f} s (limit {self.stall_s:g} s) "
+                f"with {running} running and {waiting} waiting requests")
 
     @property
     def alive(self) -> bool:
@@ -140,6 +189,7 @@ class Engine:
                     if self._stopping:
                         return
                 self._step()
+                self._progress_at = time.monotonic()
         except BaseException as e:   # a bug in shared state: stop serving, say why
             self.failure = f"{type(e).__name__}: {e}"
             log.exception("engine thread died")
@@ -189,7 +239,7 @@ class Engine:
                 self._fail(seq, e)
 
     def _open_stream(self, seq: Sequence) -> None:
-        self._streams[seq.id] = _Stream(self.model, seq)
+        self._streams[seq.id] = _Stream(self.model, seq, self.grammar_budget)
 
     def _decode(self, plan: list[Work]) -> None:
         """One llama_decode for the plan, then a sample per finished chunk.

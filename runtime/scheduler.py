@@ -122,6 +122,11 @@ class Scheduler:
     def make_stats(self) -> Stats:
         return self._stats.snapshot(*self.counts())
 
+    @property
+    def collector(self) -> StatsCollector:
+        """The one stats source, which the model's embeddings count into too."""
+        return self._stats
+
     def has_work(self) -> bool:
         return bool(self._waiting or self.running)
 

@@ -53,12 +53,16 @@ class Stats:
     spec_steps: int = 0                 # decode steps that checked guessed tokens
     spec_drafted: int = 0               # guessed tokens checked
     spec_accepted: int = 0              # ...that were right
+    embed_requests: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    embed_tokens: int = 0               # tokens computed for embeddings
+    step_age_s: float = 0.0             # gauge: since the engine's last step, while it has work
 
     def idle(self) -> "Stats":
         """This snapshot's counters with its gauges at zero (an unloaded model)."""
         return Stats(0, 0, 0, 0, dict(self.requests), self.prompt_tokens, self.cached_tokens,
                      self.cached_tokens_disk, self.generation_tokens, self.ttft, self.itl,
-                     self.spec_steps, self.spec_drafted, self.spec_accepted)
+                     self.spec_steps, self.spec_drafted, self.spec_accepted,
+                     dict(self.embed_requests), self.embed_tokens)
 
     @property
     def spec_acceptance(self) -> float:
@@ -86,7 +90,10 @@ class Stats:
                 "spec_drafted_tokens": self.spec_drafted,
                 "spec_accepted_tokens": self.spec_accepted,
                 "spec_acceptance_rate": round(self.spec_acceptance, 4),
-                "spec_mean_accepted_length": round(self.spec_mean_accepted, 3)}
+                "spec_mean_accepted_length": round(self.spec_mean_accepted, 3),
+                "embedding_requests": dict(self.embed_requests),
+                "embedding_tokens": self.embed_tokens,
+                "engine_step_age_s": round(self.step_age_s, 3)}
 
 
 class StatsCollector:
@@ -100,6 +107,8 @@ class StatsCollector:
         self.cached_tokens_disk = 0
         self.generation_tokens = 0
         self.spec_steps = self.spec_drafted = self.spec_accepted = 0
+        self.embed_requests = dict.fromkeys(OUTCOMES, 0)
+        self.embed_tokens = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
 
@@ -126,12 +135,22 @@ class StatsCollector:
             self.spec_drafted += drafted
             self.spec_accepted += accepted
 
+    def record_embed_tokens(self, n: int) -> None:
+        """Count `n` tokens computed for embeddings (one batch's)."""
+        with self._lock:
+            self.embed_tokens += n
+
+    def record_embed_request(self, outcome: str) -> None:
+        """Count one finished embeddings request: "ok", "error" or "cancelled"."""
+        with self._lock:
+            self.embed_requests[outcome] = self.embed_requests.get(outcome, 0) + 1
+
     def snapshot(self, running: int, waiting: int, parked: int, free: int) -> Stats:
         with self._lock:
             return Stats(running, waiting, parked, free, dict(self.requests), self.prompt_tokens,
                          self.cached_tokens, self.cached_tokens_disk, self.generation_tokens,
                          self.ttft.copy(), self.itl.copy(), self.spec_steps, self.spec_drafted,
-                         self.spec_accepted)
+                         self.spec_accepted, dict(self.embed_requests), self.embed_tokens)
 
 
 def _merged(hists: list[Histogram], buckets: tuple[float, ...]) -> Histogram:
@@ -147,9 +166,12 @@ def combine(snapshots: list[Stats]) -> Stats:
     """One snapshot adding up several engines' (a server's models, and
     those it has unloaded: counters must never go down)."""
     requests = dict.fromkeys(OUTCOMES, 0)
+    embed_requests = dict.fromkeys(OUTCOMES, 0)
     for s in snapshots:
         for k, v in s.requests.items():
             requests[k] = requests.get(k, 0) + v
+        for k, v in s.embed_requests.items():
+            embed_requests[k] = embed_requests.get(k, 0) + v
 
     def total(attr: str) -> int:
         return sum(getattr(s, attr) for s in snapshots)
@@ -159,4 +181,5 @@ def combine(snapshots: list[Stats]) -> Stats:
                  total("cached_tokens_disk"), total("generation_tokens"),
                  _merged([s.ttft for s in snapshots], TTFT_BUCKETS),
                  _merged([s.itl for s in snapshots], ITL_BUCKETS), total("spec_steps"),
-                 total("spec_drafted"), total("spec_accepted"))
+                 total("spec_drafted"), total("spec_accepted"), embed_requests,
+                 total("embed_tokens"), max((s.step_age_s for s in snapshots), default=0.0))
