@@ -70,10 +70,13 @@ def test_every_message_shape_error_is_invalid_params(messages):
     assert e.value.param == "messages" and "messages[0]" in e.value.message
 
 
-def test_null_content_and_extra_keys_are_accepted():
-    msgs = [{"role": "system", "content": None, "name": "x"}, {"role": "user", "content": []}]
+def test_empty_content_and_extra_keys_are_accepted():
+    msgs = [{"role": "system", "content": "", "name": "x"}, {"role": "user", "content": []}]
     assert normalize_messages(msgs) == [{"role": "system", "content": ""},
                                         {"role": "user", "content": ""}]
+    # OpenAI requires content except on an assistant message with tool_calls.
+    with pytest.raises(InvalidParams, match=r"messages\[0\]\.content is required"):
+        normalize_messages([{"role": "system", "content": None}])
 
 
 def test_tojson_is_transformers_filter_not_jinjas():
