@@ -4,16 +4,19 @@ the command runs."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import signal
 import sys
 import threading
 from enum import Enum
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import typer
 from typing_extensions import Annotated
 
 from llmctl.cli import options as o
+from llmctl.cli import serve as serve_command
 from llmctl.cli.common import err, handle_errors
 from llmctl.errors import UsageError
 
@@ -25,8 +28,45 @@ class Router(str, Enum):
     default = "default"
 
 
+# The access policy's options, as `llmctl serve` declares them.
+POLICY_OPTIONS = ("api_key", "allowed_origins", "max_body_mb", "metrics_public")
+
+
+def with_policy(fn: Callable) -> Callable:
+    """Give the command `fn` `llmctl serve`'s access-policy options (the
+    same declarations, flags and LLMCTL_* variables, read from its
+    signature: one definition) in place of its `policy` parameter, and call
+    `fn` with them as one HttpPolicy. Raises KeyError at decoration if
+    `llmctl serve` lacks one of POLICY_OPTIONS."""
+    theirs = inspect.signature(serve_command.serve, eval_str=True).parameters
+    ours = inspect.signature(fn, eval_str=True)
+    params = [p for p in ours.parameters.values() if p.name != "policy"]
+    params += [theirs[name].replace(kind=inspect.Parameter.KEYWORD_ONLY)
+               for name in POLICY_OPTIONS]
+
+    @functools.wraps(fn)
+    def command(**kwargs: Any) -> Any:
+        from llmctl.server.middleware import http_policy
+
+        policy = http_policy(**{name: kwargs.pop(name) for name in POLICY_OPTIONS})
+        return fn(**kwargs, policy=policy)
+
+    command.__signature__ = ours.replace(parameters=params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    return command
+
+
+def describe(policy) -> str:
+    """The policy in a few words, for the start-up line."""
+    key = "API key required" if policy.api_key else "no API key"
+    metrics = " (/metrics open)" if policy.api_key and policy.metrics_public else ""
+    origins = f"; origins: {', '.join(policy.allowed_origins)}" if policy.allowed_origins else ""
+    return f"{key}{metrics}; bodies up to {policy.max_body_bytes / (1 << 20):g} MiB{origins}"
+
+
 @group.command("serve")
 @handle_errors
+@with_policy
 def serve(
     model: o.ModelArg = None,
     replicas: Annotated[int, typer.Option(
@@ -62,12 +102,15 @@ def serve(
         "--router", envvar="LLMCTL_ROUTER",
         help="affinity: a prompt's leading text picks its replica (prefix-cache hits); "
              "default: Ray Serve's power of two choices.")] = Router.affinity,
+    policy=None,
 ) -> None:
     """Serve a model from N llmctl replicas on Ray Serve, behind one ingress.
 
     The ingress speaks OpenAI's API (/v1/chat/completions, /v1/completions,
     /v1/models), aggregates /metrics over the replicas and reports each one's
-    health at /health and its prefix-cache hit rate at /cluster/stats.
+    health at /health and its prefix-cache hit rate at /cluster/stats. The
+    API key, origin, Host and body-size rules are `llmctl serve`'s, applied
+    before a request is forwarded.
 
     Example: llmctl cluster serve smollm2 --replicas 2 --threads 4
     """
@@ -85,15 +128,15 @@ def serve(
     spec = ReplicaSpec(resolve_model(model),
                        LoadOptions(ctx_size=ctx_size, threads=threads, max_num_seqs=max_num_seqs,
                                    prefix_cache_size_gb=prefix_cache_size),
-                       cache_dir=cache_dir, host=host, port=port)
+                       cache_dir=cache_dir, host=host, port=port, policy=policy)
+    err.print(f"Starting {replicas} replica(s) of {spec.resolved.name} on Ray "
+              f"({address or 'a local cluster'}; {describe(policy)}) ...")
     if not address:
         # The local cluster's HTTP proxy binds here: say so now, not after Ray
         # has started and its proxy failed (the check `llmctl serve` makes).
         from llmctl.server.serve import check_port
 
         check_port(host, port)
-    err.print(f"Starting {replicas} replica(s) of {spec.resolved.name} on Ray "
-              f"({address or 'a local cluster'}) ...")
     try:
         url = start(spec, settings, address)
         # `kill` (systemd, docker stop) tears the deployment down as Ctrl-C

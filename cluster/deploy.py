@@ -1,5 +1,6 @@
 """Deploying llmctl on Ray Serve: a Board, N engine replicas (each declaring
-its threads as num_cpus) and one ingress, as one Serve application."""
+its threads as num_cpus) and one ingress, as one Serve application, with
+llmctl serve's access policy at the proxies, the ingress and the replicas."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 from dataclasses import dataclass
 
 from llmctl.cluster.ingress import Board, Ingress
+from llmctl.cluster.policy import proxy_env
 from llmctl.cluster.replica import Replica, ReplicaSpec
 from llmctl.errors import ServeFailed, UsageError
 
@@ -78,8 +80,11 @@ def build_app(spec: ReplicaSpec, settings: ClusterSettings):
     board = serve.deployment(Board, name="Board", num_replicas=1,
                              ray_actor_options={"num_cpus": 0}).bind()
     replicas = serve.deployment(Replica, **replica_options(spec, settings)).bind(spec, board)
-    return serve.deployment(Ingress, name="Ingress", num_replicas=1, max_ongoing_requests=1000,
-                            ray_actor_options={"num_cpus": 0}).bind(replicas, board)
+    # Late-bound ASGI: Ingress.__serve_build_asgi_app__ wraps it in the policy.
+    ingress = serve.ingress()(Ingress)
+    return serve.deployment(ingress, name="Ingress", num_replicas=1, max_ongoing_requests=1000,
+                            ray_actor_options={"num_cpus": 0}).bind(replicas, board, spec.policy,
+                                                                    spec.host)
 
 
 def connect(address: str | None = None, num_cpus: int = 1, object_store_mb: int = 256) -> None:
@@ -105,7 +110,10 @@ def deploy(spec: ReplicaSpec, settings: ClusterSettings) -> str:
     ServeFailed when the deployment fails."""
     from ray import serve
 
-    serve.start(http_options={"host": spec.host, "port": spec.port})
+    # The proxies inherit the controller's environment, and with it the policy.
+    serve.start(http_options={"host": spec.host, "port": spec.port},
+                controller_options={"runtime_env": {"env_vars": proxy_env(spec.policy,
+                                                                          spec.host)}})
     try:
         serve.run(build_app(spec, settings), name=APP_NAME, route_prefix="/")
     except Exception as e:

@@ -7,15 +7,20 @@ A replica lost mid-request (killed, its node gone) never hangs a client:
 a request that has sent nothing yet is retried once on another replica;
 after that, or once a stream has started, it ends with a retriable error
 (503 + Retry-After as OpenAI's error JSON, or a final error event in a
-stream whose 200 head is already out)."""
+stream whose 200 head is already out).
+
+Every request passes llmctl serve's access policy (server/middleware.py:
+the key, Origin and Host, the body cap) here, before anything is read or
+forwarded; the cluster's HTTP proxies apply it too (cluster/policy.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from llmctl.cluster import affinity
@@ -26,6 +31,7 @@ log = logging.getLogger("llmctl.cluster")
 STALE_AFTER_S = 3 * REPORT_EVERY_S    # a replica silent this long is gone
 PIN_HEADER = "x-llmctl-replica"       # request: pin to a replica; response: who served
 STREAM_HOLD = 2                       # stream chunks held back while a retry is still possible
+PARSE_OFF_LOOP = 64 << 10             # bodies parsed in a thread from this size on
 
 
 class Board:
@@ -40,6 +46,29 @@ class Board:
 
     def snapshot(self) -> dict[str, dict]:
         return self.rows
+
+
+async def _parse(body: bytes):
+    """`body` parsed as llmctl serve parses it (server/body.py: a JSON
+    object, depth-checked, finite). A large one is parsed in a thread, so
+    the ingress's loop keeps relaying streams meanwhile. Raises
+    InvalidParams."""
+    from llmctl.server.body import parse_json
+
+    if len(body) >= PARSE_OFF_LOOP:
+        return await asyncio.to_thread(parse_json, body)
+    return parse_json(body)
+
+
+async def _lifespan(receive, send) -> None:
+    """ASGI lifespan: nothing to start or stop (Ray Serve runs it)."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
 
 
 def _lost_errors() -> tuple[type, ...]:
@@ -74,15 +103,38 @@ def _error_frame(content_type: str, why: str) -> bytes:
 
 
 class Ingress:
-    """A Ray Serve deployment class (wrapped by deploy.py): an HTTP ingress
-    taking starlette Requests. Raises nothing of its own: failures become
-    responses."""
+    """A Ray Serve deployment class (wrapped by deploy.py in serve.ingress):
+    its ASGI app is `__serve_build_asgi_app__`'s, built after __init__.
+    Raises nothing of its own: failures become responses."""
 
-    def __init__(self, replicas, board) -> None:
+    def __init__(self, replicas, board, policy=None, bind_host: str | None = None) -> None:
+        from llmctl.server.state import HttpPolicy
+
         self.replicas = replicas.options(stream=True)
         self.board = board
+        self.policy = policy or HttpPolicy()
+        self.bind_host = bind_host
 
-    async def __call__(self, request: Request) -> Response:
+    def __serve_build_asgi_app__(self):
+        """The ingress's ASGI app: `_asgi` behind llmctl serve's policy."""
+        from llmctl.server.middleware import guard
+
+        return guard(self._asgi, self.policy, self.bind_host)
+
+    async def _asgi(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return      # no websockets: the proxy closes the connection
+        try:
+            response = await self.answer(Request(scope, receive))
+        except ClientDisconnect:
+            return      # gone, or over the body cap (the policy answered 413)
+        await response(scope, receive, send)
+
+    async def answer(self, request: Request) -> Response:
+        """The response to one request that passed the policy."""
         path = request.url.path
         if path == "/health":
             return await self._health()
@@ -93,11 +145,15 @@ class Ingress:
         return await self._forward(request)
 
     async def _forward(self, request: Request) -> Response:
+        from llmctl.errors import LlmctlError
+        from llmctl.server.errors import error_response
+
+        # The policy's cap bounds this read; past it, ClientDisconnect.
         body = await request.body()
         try:
-            key = affinity.affinity_key(json.loads(body)) if body else None
-        except ValueError:
-            key = None          # not JSON: the replica's app answers the 400
+            key = affinity.affinity_key(await _parse(body)) if body else None
+        except LlmctlError as e:     # InvalidParams: not JSON, too deep, not finite
+            return error_response(e, request.url.path)
         call = (request.method, request.url.path, request.url.query.encode(),
                 list(request.headers.items()), body)
         pin = request.headers.get(PIN_HEADER)

@@ -10,10 +10,11 @@ import asyncio
 import contextlib
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from llmctl.runtime.config import LoadOptions
+from llmctl.server.state import HttpPolicy
 from llmctl.store.resolve import ResolvedModel
 
 log = logging.getLogger("llmctl.cluster")
@@ -31,6 +32,10 @@ class ReplicaSpec:
     cache_dir: str | None = None        # None: the default (LLMCTL_HOME/cache)
     host: str = "127.0.0.1"             # the ingress's, for the app's Host checks
     port: int = 8000
+    # The proxies, the ingress and every replica apply it: a replica reached
+    # around the ingress (any actor of the Ray cluster may call it) is no
+    # more open than the ingress.
+    policy: HttpPolicy = field(default_factory=HttpPolicy)
 
 
 class Replica:
@@ -51,7 +56,8 @@ class Replica:
             os.environ["LLMCTL_CACHE_DIR"] = spec.cache_dir
         # Off the event loop: Ray's health checks keep being answered meanwhile.
         self.llm = await asyncio.to_thread(LLM, spec.resolved, spec.load)
-        self.app = create_app(ServerState.serving(self.llm), bind_host=spec.host)
+        self.app = create_app(ServerState.serving(self.llm, policy=spec.policy),
+                              bind_host=spec.host)
         self.board = board
         self._reporter = asyncio.create_task(self._report_forever())
 
