@@ -57,6 +57,17 @@ def llm(session_home):
         yield loaded
 
 
+@pytest.fixture(scope="session")
+def exactness():
+    """`exactness(flash_attn=False)`: this machine's RowExactness for SmolLM2
+    (llmctl.runtime.exactness, measured once a session per setting). Tests
+    assert identical greedy answers across batch shapes only where it says
+    exact, else the same up to a near-tie (tests/near_tie.py)."""
+    from llmctl.runtime.exactness import measure_rows
+
+    return lambda flash_attn=False: measure_rows(smollm2_file(), flash_attn=flash_attn)
+
+
 def ServerProcess(args: list[str], env: dict | None = None) -> Server:  # noqa: N802
     """`llmctl serve ARGS`, already started: callers wait_ready() and stop().
     Kept under its old name for the tests that import it."""

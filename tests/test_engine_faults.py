@@ -10,6 +10,7 @@ import threading
 
 import httpx
 import pytest
+from near_tie import assert_completions_agree
 
 from conftest import smollm2_file
 from llmctl.errors import DecodeError, EngineFailed
@@ -20,14 +21,18 @@ from llmctl.runtime.sampling import SamplingParams
 from llmctl.store.resolve import ResolvedModel
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16)
+# Logprobs to tell a rounding flip at a near-tie from a wrong answer.
+LOGGED = SamplingParams(temperature=0, max_tokens=16, logprobs=5)
 PROMPTS = ["Tell me about cats.", "What is the capital of Italy?", "List three fruits.",
            "Who wrote Hamlet?"]
 
 
 @pytest.fixture
 def exact_llm():
-    # Flash attention off: greedy output then does not depend on how a
-    # prompt is split into batches, which the halving test relies on.
+    # Flash attention off: on an AVX-512 Xeon greedy output then does not
+    # depend on how a prompt is split into batches; on an AVX2 EPYC it does
+    # (the `exactness` fixture measures which), and the answers are
+    # compared up to the first near-tie there.
     with LLM(ResolvedModel("smollm2", smollm2_file(), context=512),
              LoadOptions(max_num_seqs=4, max_num_batched_tokens=128, prefix_cache=False,
                          flash_attn=False)) as loaded:
@@ -41,7 +46,7 @@ def run_all(llm: LLM, prompts: list[str]) -> list:
     def worker(i: int) -> None:
         try:
             results[i] = llm.complete(llm.chat_tokens([{"role": "user", "content": prompts[i]}]),
-                                      GREEDY)
+                                      LOGGED)
         except Exception as e:
             results[i] = e
 
@@ -53,13 +58,13 @@ def run_all(llm: LLM, prompts: list[str]) -> list:
     return results
 
 
-def test_an_error_in_one_sequence_fails_only_that_request(exact_llm, monkeypatch):
-    alone = [r.text for r in run_all(exact_llm, PROMPTS)]
+def test_an_error_in_one_sequence_fails_only_that_request(exact_llm, exactness, monkeypatch):
+    alone = run_all(exact_llm, PROMPTS)
     real_stream = engine_mod._Stream
 
     class Poisoned(real_stream):
-        def __init__(self, model, seq):
-            super().__init__(model, seq)
+        def __init__(self, model, seq, *rest):
+            super().__init__(model, seq, *rest)
             if exact_llm.chat_tokens([{"role": "user", "content": PROMPTS[3]}]) == seq.prompt:
                 def broken(ctx, row):
                     raise ValueError("sampler exploded")
@@ -68,14 +73,15 @@ def test_an_error_in_one_sequence_fails_only_that_request(exact_llm, monkeypatch
     monkeypatch.setattr(engine_mod, "_Stream", Poisoned)
     results = run_all(exact_llm, PROMPTS)
     assert isinstance(results[3], Exception) and "sampler exploded" in str(results[3])
-    assert [r.text for r in results[:3]] == alone[:3]
+    for before, after in zip(alone[:3], results[:3]):
+        assert_completions_agree(exactness(flash_attn=False), before, after)
     stats = exact_llm.stats()
     assert stats.requests["error"] == 1 and stats.running == 0
     assert stats.free_slots == 4            # the failed request's slot came back
 
 
-def test_no_kv_room_retries_in_halves_with_identical_output(exact_llm, monkeypatch):
-    alone = [r.text for r in run_all(exact_llm, PROMPTS)]
+def test_no_kv_room_retries_in_halves_with_identical_output(exact_llm, exactness, monkeypatch):
+    alone = run_all(exact_llm, PROMPTS)
     ctx = exact_llm.engine.ctx
     real_decode = ctx.decode
     refused = []
@@ -91,7 +97,8 @@ def test_no_kv_room_retries_in_halves_with_identical_output(exact_llm, monkeypat
     monkeypatch.setattr(ctx, "decode", tight_decode)
     results = run_all(exact_llm, PROMPTS)
     assert refused, "the fault was never injected"
-    assert [r.text for r in results] == alone
+    for before, after in zip(alone, results):
+        assert_completions_agree(exactness(flash_attn=False), before, after)
     assert exact_llm.stats().requests["error"] == 0
 
 
