@@ -2,23 +2,37 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 from rich.table import Table
+from typing_extensions import Annotated
 
 from llmctl.cli import options as o
 from llmctl.cli.common import handle_errors, out, print_json
 from llmctl.runtime.system import system_info
 
+NoExactness = Annotated[bool, typer.Option(
+    "--no-exactness", help="Skip measuring whether batching changes greedy answers on this "
+                           "machine (it loads the default model for about a second).")]
+
+# The two settings whose guarantee differs: the server's default (prefix
+# cache on, so flash attention off) and `run`'s and speculation's (on).
+_SETTINGS = (("flash attention off (serve's default)", False), ("flash attention on", True))
+
 
 @handle_errors
-def info(json: o.Json = False) -> None:
-    """Show the backend build, threads, memory and GPUs.
+def info(json: o.Json = False, no_exactness: NoExactness = False) -> None:
+    """Show the backend build, threads, memory and GPUs, and whether greedy
+    answers are bit-exact across batch shapes on this machine (measured:
+    docs/exactness.md).
 
     Example: llmctl info --json
     """
     s = system_info()
+    exactness = None if no_exactness else _exactness()
     if json:
-        print_json(s.to_dict())
+        print_json({**s.to_dict(), **({"exactness": exactness} if exactness else {})})
         return
     table = Table(show_header=False, box=None)
     table.add_row("[bold]backend[/]", "llama.cpp via llama-cpp-python " + _lcp_version())
@@ -31,7 +45,40 @@ def info(json: o.Json = False) -> None:
     table.add_row("[bold]GPUs[/]", gpus or "none found")
     if s.build_flags:
         table.add_row("[bold]build flags[/]", s.build_flags)
+    if exactness:
+        _exactness_rows(table, exactness)
     out.print(table)
+
+
+def _exactness() -> dict[str, Any]:
+    """The row-exactness measurement on the default model for each setting,
+    or the reason it could not be made. Raises nothing: info must still
+    answer on a machine with no model."""
+    from llmctl.errors import LlmctlError
+    from llmctl.runtime.exactness import measure_rows
+    from llmctl.store.resolve import resolve_model
+
+    try:
+        resolved = resolve_model(None)
+        results = {("flash_attn_on" if flash else "flash_attn_off"):
+                   measure_rows(resolved.path, flash_attn=flash).to_dict()
+                   for _, flash in _SETTINGS}
+    except LlmctlError as e:
+        return {"measured": False, "reason": str(e)}
+    return {"measured": True, "model": resolved.name, **results}
+
+
+def _exactness_rows(table: Table, exactness: dict[str, Any]) -> None:
+    if not exactness["measured"]:
+        table.add_row("[bold]exactness[/]", f"not measured: {exactness['reason']}")
+        return
+    from llmctl.runtime.exactness import RowExactness
+
+    for label, flash in _SETTINGS:
+        r = RowExactness(**exactness["flash_attn_on" if flash else "flash_attn_off"])
+        table.add_row(f"[bold]exactness[/], {label}", r.summary())
+    table.add_row("", f"(measured just now on {exactness['model']}, {r.threads} threads: "
+                      "see docs/exactness.md; --no-exactness skips it)")
 
 
 def _lcp_version() -> str:
