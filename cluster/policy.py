@@ -46,4 +46,6 @@ def proxy_middlewares() -> list:
     spec = json.loads(raw)
     fields = spec["policy"]
     fields["allowed_origins"] = tuple(fields["allowed_origins"])
-    return layers(HttpPolicy(**fields), spec["bind_host"])
+    # Ray wraps its app in each middleware of the list in turn, so the last
+    # one runs first: the reverse of Starlette's order, which layers() has.
+    return layers(HttpPolicy(**fields), spec["bind_host"])[::-1]
