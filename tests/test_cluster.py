@@ -1,6 +1,8 @@
 """`llmctl cluster`: llmctl replicas on Ray Serve. One local Ray cluster and
 one deployment (2 SmolLM2 replicas, 1 thread each, one shared disk cache)
-serve every slow test in this module; the fault test runs last."""
+serve every slow test in this module; the fault test runs last. The
+deployment has llmctl serve's access policy on: an API key, one allowed
+origin and a 1 MiB body cap."""
 
 from __future__ import annotations
 
@@ -22,6 +24,10 @@ from llmctl.cluster.affinity import AFFINITY_CHARS, affinity_key, owner
 # ~600 SmolLM2 tokens: more than two 256-token blocks, so the disk cache keys on it.
 TENANT = ("You are the support assistant of the Acme {n} company. Answer briefly. " * 40).strip()
 WAIT_S = 120    # hang guard for polling, never a performance bound
+KEY = "cluster-s3cret"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+ORIGIN = "https://app.example.com"
+CAP = 1 << 20   # the deployment's body cap
 
 
 def _chat(system: str, user: str = "Hi", **extra) -> dict:
@@ -119,6 +125,7 @@ def cluster(session_home, tmp_path_factory):
     from llmctl.cluster.deploy import ClusterSettings, start, stop
     from llmctl.cluster.replica import ReplicaSpec
     from llmctl.runtime.config import LoadOptions
+    from llmctl.server.state import HttpPolicy
     from llmctl.store.resolve import ResolvedModel
 
     cache = tmp_path_factory.mktemp("shared-cache")
@@ -127,10 +134,11 @@ def cluster(session_home, tmp_path_factory):
         port = s.getsockname()[1]
     spec = ReplicaSpec(ResolvedModel("smollm2", smollm2_file(), context=2048),
                        LoadOptions(ctx_size=2048, threads=1, max_num_seqs=2),
-                       cache_dir=str(cache), port=port)
+                       cache_dir=str(cache), port=port,
+                       policy=HttpPolicy(api_key=KEY, allowed_origins=(ORIGIN,), max_body_bytes=CAP))
     try:
         url = start(spec, ClusterSettings(replicas=2), object_store_mb=128)
-        with httpx.Client(base_url=url, timeout=WAIT_S) as client:
+        with httpx.Client(base_url=url, timeout=WAIT_S, headers=AUTH) as client:
             _poll(lambda: client.get("/health").json()["replicas_up"] == 2, "both replicas to report")
             yield client, cache
     finally:
@@ -150,13 +158,20 @@ def test_openai_client_streams_through_the_ingress(cluster):
     from openai import OpenAI
 
     client, _ = cluster
-    api = OpenAI(base_url=str(client.base_url).rstrip("/") + "/v1", api_key="none", max_retries=0)
+    from openai import AuthenticationError
+
+    base = str(client.base_url).rstrip("/") + "/v1"
+    with pytest.raises(AuthenticationError):
+        OpenAI(base_url=base, api_key="wrong", max_retries=0).models.list()
+    api = OpenAI(base_url=base, api_key=KEY, max_retries=0)
     stream = api.chat.completions.create(**_chat("Be brief.", "Count to five.", max_tokens=12,
                                                  stream=True))
     pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
     assert len(pieces) > 1 and "".join(pieces).strip()
     done = api.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=4)
-    assert done.choices[0].text and done.usage.completion_tokens == 4
+    # Sampled (no temperature given): it may stop early, never run past 4.
+    assert done.choices[0].text and 0 < done.usage.completion_tokens <= 4
+    assert done.choices[0].finish_reason in ("length", "stop")
     assert [m.id for m in api.models.list().data] == ["smollm2"]
     # llmctl's own validation answers through the ingress, in OpenAI's shape.
     bad = client.post("/v1/chat/completions", json={"model": "smollm2", "messages": "nope"})
@@ -211,6 +226,106 @@ def test_a_client_gone_mid_stream_cancels_the_generation_on_its_replica(cluster)
     # Leaving the block closed the connection after the first token.
     _poll(lambda: _stats(client)["replicas"][replica]["requests"]["cancelled"] > before,
           "the replica to count the request cancelled")
+
+
+# ---- llmctl serve's access policy, at the ingress (#20 finding 8) ---------------
+
+GUARDED = [("POST", "/v1/chat/completions"), ("GET", "/cluster/stats"), ("GET", "/metrics"),
+           ("GET", "/v1/models"), ("GET", "/-/routes")]
+
+
+@pytest.mark.slow
+def test_every_route_but_health_needs_the_key(cluster):
+    client, _ = cluster
+    with httpx.Client(base_url=client.base_url, timeout=WAIT_S) as bare:
+        for method, path in GUARDED:
+            for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": KEY}):
+                r = bare.request(method, path, json=_chat("Hi"), headers=headers)
+                assert r.status_code == 401, (path, r.text)
+                assert r.json()["error"]["code"] == "invalid_api_key"
+                assert "x-llmctl-replica" not in r.headers     # never forwarded
+        ollama = bare.post("/api/chat", json=_chat("Hi"))
+        assert ollama.status_code == 401 and isinstance(ollama.json()["error"], str)
+        assert bare.get("/health").status_code == 200
+    # /-/routes is answered by Ray's proxy itself: the policy runs there too.
+    assert client.get("/-/routes").status_code == 200
+    assert client.get("/cluster/stats").status_code == 200
+
+
+@pytest.mark.slow
+def test_a_replica_called_around_the_ingress_applies_the_same_policy(cluster):
+    from ray import serve
+
+    replicas = serve.get_deployment_handle("LLMReplica", app_name="llmctl").options(stream=True)
+
+    def status(headers: list) -> int:
+        gen = replicas.handle.remote("GET", "/v1/models", b"", headers, b"")
+        head = next(iter(gen))
+        gen.cancel()
+        return head["status"]
+
+    assert status([]) == 401
+    assert status([("authorization", f"Bearer {KEY}")]) == 200
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("headers", [{"Origin": "https://evil.example"},
+                                     {"Origin": "null"},
+                                     {"Host": "rebind.evil.example"},
+                                     {"Host": "rebind.evil.example:8000"}])
+def test_foreign_origins_and_rebound_hosts_are_refused(cluster, headers):
+    client, _ = cluster
+    for path in ("/health", "/v1/models", "/cluster/stats", "/metrics"):
+        r = client.get(path, headers=headers)
+        assert r.status_code == 403, (path, r.text)
+        assert r.json()["error"]["code"] == "forbidden" and "x-llmctl-replica" not in r.headers
+
+
+@pytest.mark.slow
+def test_the_allowed_origin_passes_and_its_preflight_needs_no_key(cluster):
+    client, _ = cluster
+    url = str(client.base_url).rstrip("/") + "/v1/chat/completions"
+    pre = httpx.options(url, timeout=WAIT_S, headers={
+        "Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type"})
+    assert pre.status_code == 200 and pre.headers["access-control-allow-origin"]
+    r = client.post("/v1/chat/completions", json=_chat("Hi"), headers={"Origin": ORIGIN})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_an_oversized_body_is_413_without_being_buffered(cluster, chunked):
+    from raw_upload import PeakRss, ray_processes, upload
+
+    client, _ = cluster
+    pids = ray_processes("ray::ProxyActor", "ray::ServeReplica:llmctl:Ingress")
+    total = 200 << 20
+    with PeakRss(list(pids.values())) as rss:
+        status, body, sent = upload(client.base_url.port, "/v1/chat/completions", total,
+                                    chunked, AUTH)
+    assert status == 413 and body["error"]["code"] == "payload_too_large", (status, body)
+    # The answer came long before the body was sent (the sender kept going
+    # meanwhile: what it had sent includes the sockets' buffers).
+    assert sent < total // 4, sent
+    # Neither the proxy nor the ingress kept the body (the issue measured +775 MB).
+    growth = rss.growth()
+    print(f"sent {sent >> 20} MiB before the 413; RSS growth (MiB):",
+          {t: growth[p] >> 20 for t, p in pids.items()})
+    assert all(g < 16 * CAP for g in growth.values()), {t: growth[p] >> 20 for t, p in pids.items()}
+    assert client.post("/v1/chat/completions", json=_chat("Hi")).status_code == 200
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat"])
+def test_absurdly_nested_json_is_a_400_at_the_ingress(cluster, path):
+    client, _ = cluster
+    r = client.post(path, content=b"[" * 100_000, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert isinstance(error, str) if path.startswith("/api/") else \
+        error["type"] == "invalid_request_error"
+    assert "x-llmctl-replica" not in r.headers       # answered by the ingress itself
 
 
 def _kill(replica_id: str) -> None:
