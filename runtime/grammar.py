@@ -6,19 +6,35 @@ that port escapes literals wrongly (a `"` or `\\` in a key or enum value
 breaks the grammar), lets raw control characters into strings (invalid JSON),
 reports errors with `assert`, silently ignores keywords it does not know, and
 treats every property of an allOf member as required. Here every output is
-valid JSON, and a keyword we cannot enforce is refused by name."""
+valid JSON, and a keyword we cannot enforce is refused by name.
+
+Every conversion is bounded (grammar_limits.py): its work is counted while it
+walks, and the finished rules are checked for $ref cycles and for ambiguity
+that would make llama.cpp's grammar engine work exponentially. The functions
+are pure, so a server may run them in a worker thread."""
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 from llmctl.errors import InvalidParams
+from llmctl.runtime.grammar_limits import (
+    DIGITS,
+    JSON_FIRST,
+    MAX_DEPTH,
+    MAX_LEAD,
+    SP,
+    Budget,
+    Shape,
+    check_rules,
+    text_lead,
+)
+from llmctl.runtime.grammar_limits import bad as _bad
+from llmctl.runtime.grammar_schema import ANNOTATIONS, KEYWORDS, TYPES, AllOf, checked, implied_type, merge
 
-MAX_SCHEMA_CHARS = 100_000
-MAX_DEPTH = 32
-MAX_RULES = 2_000
 MAX_REPEAT = 1_000          # llama.cpp refuses repetitions over 2000
 
 # Whitespace is at most one space: a model left free to emit newlines and
@@ -42,30 +58,32 @@ _PRIMITIVES = {
 }
 _DEPS = {"string": ["char"], "value": ["object", "array", "string", "number", "boolean", "null"],
          "object": ["string", "value"], "array": ["value"]}
+# The characters each primitive's text begins with ("value" is unambiguous:
+# its alternatives begin differently).
+_FIRST = {"string": '"', "integer": DIGITS, "number": DIGITS, "boolean": "tf", "null": "n",
+          "value": JSON_FIRST, "object": "{", "array": "[", "space": " "}
 _FORMATS = {"date": "date", "time": "time", "date-time": 'date "T" time', "uuid": "uuid"}
-_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
-_ANNOTATIONS = {"title", "description", "$schema", "$id", "$comment", "examples", "default",
-                "deprecated", "readOnly", "writeOnly"}
-_KEYWORDS = {"type", "properties", "required", "additionalProperties", "items", "prefixItems",
-             "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
-             "$defs", "definitions", "minLength", "maxLength", "format"} | _ANNOTATIONS
-_OBJECT_KEYS = {"properties", "required", "additionalProperties"}
-_ARRAY_KEYS = {"items", "prefixItems", "minItems", "maxItems"}
-_STRING_KEYS = {"minLength", "maxLength", "format"}
+# Location segments left out of rule names, and shorter spellings: a rule's
+# name only has to be unique and readable in a dump of the grammar.
+_SILENT = {"properties", "anyOf", "oneOf", "$defs", "definitions", "prefixItems", "type"}
+_SHORT = {"items": "item", "additionalProperties": "extra"}
+# Quoted literals, character classes and repetition counts, skipped when finding the rule names
+# a body uses.
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|\{[0-9,]*\}|([a-zA-Z0-9-]+)')
 
 
-def _where(name: str) -> str:
-    return name.strip("-") or "root"
-
-
-def _bad(message: str) -> InvalidParams:
-    return InvalidParams(f"response_format: {message}", param="response_format")
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=True, separators=(",", ": "))
 
 
 def _literal(value: Any) -> str:
     """A GBNF literal matching `value` written as compact JSON."""
-    text = json.dumps(value, ensure_ascii=True, separators=(",", ": "))
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return '"' + _json(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _key(key: str) -> str:
+    """A property name as one segment of a location (JSON Pointer escapes)."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def _count(schema: dict, key: str, default: int | None) -> int | None:
@@ -87,29 +105,54 @@ def _repeat(item: str, lo: int, hi: int | None) -> str:
 
 
 class _Converter:
-    def __init__(self, root: dict):
+    """One conversion: its rules, the shape of each for grammar_limits'
+    checks, and the work budget. `prefix` starts every rule name."""
+
+    def __init__(self, root: dict, prefix: str = ""):
         self.root = root
+        self.prefix = prefix
         self.rules: dict[str, str] = {"space": _PRIMITIVES["space"]}
+        self.shapes: dict[str, Shape] = {"space": Shape(first=frozenset(" "))}
         self.refs: dict[str, str] = {}
+        self.budget = Budget()
+        self.literals: dict[int, tuple[Any, str]] = {}  # id(enum list or const) -> it, its rule
+        self.taken: dict[str, int] = {}                 # next free suffix per rule name
 
     def grammar(self) -> str:
         return "\n".join(f"{name} ::= {body}" for name, body in self.rules.items())
 
-    def add(self, name: str, body: str) -> str:
-        name = re.sub(r"[^a-zA-Z0-9-]+", "-", name).strip("-") or "r"
-        key, i = name, 1
-        while key in self.rules or key in _PRIMITIVES:
-            key, i = f"{name}-{i}", i + 1
-        if len(self.rules) >= MAX_RULES:
-            raise _bad(f"the schema needs over {MAX_RULES} grammar rules")
+    def name(self, at: str, suffix: str = "") -> str:
+        """A rule name for the schema at location `at`."""
+        segs = [_SHORT.get(s, s) for s in at.split("/") if s and s not in _SILENT]
+        return "-".join(filter(None, [self.prefix, *segs, suffix])) or "root"
+
+    def add(self, name: str, body: str, shape: Shape = Shape()) -> str:
+        """Add a rule under a free name like `name`; return that name.
+        "root" is kept for the start rule, which callers set themselves."""
+        self.budget.rule(body)
+        base = re.sub(r"[^a-zA-Z0-9-]+", "-", name).strip("-") or "r"
+        i = self.taken.get(base, 0)
+        key = base if i == 0 else f"{base}-{i}"
+        while key in self.rules or key in _PRIMITIVES or key == "root":
+            i += 1
+            key = f"{base}-{i}"
+        self.taken[base] = i + 1
         self.rules[key] = body
+        self.shapes[key] = replace(shape, parts=self.uses(body))
         return key
+
+    def uses(self, body: str) -> tuple[str, ...]:
+        names = (m.group(1) for m in _TOKENS.finditer(body))
+        return tuple(dict.fromkeys(n for n in names if n and n in self.rules))
 
     def primitive(self, name: str) -> str:
         if name not in self.rules:
             self.rules[name] = _PRIMITIVES[name]
             for dep in _DEPS.get(name, []):
                 self.primitive(dep)
+            # After the dependencies, so that `uses` finds them all.
+            self.shapes[name] = Shape(first=frozenset(_FIRST.get(name, "")),
+                                      parts=self.uses(_PRIMITIVES[name]))
         return name
 
     def deref(self, ref: Any) -> dict | bool:
@@ -117,200 +160,221 @@ class _Converter:
         defs = self.root.get(m.group(1)) if m else None
         target = defs.get(m.group(2)) if isinstance(defs, dict) else None
         if not isinstance(target, (dict, bool)):
-            raise _bad(f"$ref {ref!r} must point into #/$defs or #/definitions")
+            raise _bad(f"$ref {str(ref)[:200]!r} must point into #/$defs or #/definitions")
         return target
 
-    def visit(self, schema: Any, name: str, depth: int = 0) -> str:
-        """The rule name for values that `schema` accepts."""
+    def visit(self, schema: Any, at: str, depth: int = 0) -> str:
+        """The rule name for values that `schema` (found at location `at`)
+        accepts. Raises InvalidParams."""
+        where = at or "root"
         if depth > MAX_DEPTH:
-            raise _bad(f"the schema nests deeper than {MAX_DEPTH} levels")
+            raise _bad(f"the schema nests deeper than {MAX_DEPTH} levels (at {where})")
+        self.budget.node(where)
         if schema is True or schema == {}:
             return self.primitive("value")
         if not isinstance(schema, dict):
             raise _bad(f"a schema must be an object, got {json.dumps(schema)[:60]}"
                        if schema is not False else "a false schema accepts no value")
-        unknown = sorted(set(schema) - _KEYWORDS)
+        unknown = sorted(set(schema) - KEYWORDS)
         if unknown:
-            raise _bad(f"unsupported JSON Schema keyword(s) {', '.join(unknown)} at {_where(name)}")
+            raise _bad(f"unsupported JSON Schema keyword(s) {', '.join(unknown)[:200]} "
+                       f"at {where}")
         if "$ref" in schema:
-            return self.visit_ref(schema, name, depth)
+            return self.visit_ref(schema, at, depth)
         if "allOf" in schema:
-            return self.visit(_merge_all_of(self, schema), name, depth + 1)
-        alts = schema.get("anyOf", schema.get("oneOf"))
-        if alts is not None:
-            if not isinstance(alts, list) or not alts:
-                raise _bad(f"anyOf/oneOf at {_where(name)} must be a non-empty list")
-            rest = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")}
-            return self.add(name or "root", " | ".join(
-                self.visit(_merge(rest, a), f"{name}-{i}", depth + 1) for i, a in enumerate(alts)))
-        if "const" in schema:
-            return self.add(name or "root", _literal(schema["const"]) + " space")
-        if "enum" in schema:
-            if not isinstance(schema["enum"], list) or not schema["enum"]:
-                raise _bad(f"enum at {_where(name)} must be a non-empty list")
-            body = " | ".join(_literal(v) for v in schema["enum"])
-            return self.add(name or "root", f"({body}) space")
-        types = schema.get("type", _implied_type(schema))
+            merged = AllOf(self.deref, self.budget).merged(schema, where, depth)
+            return self.visit(merged, at, depth + 1)
+        if "anyOf" in schema or "oneOf" in schema:
+            return self.visit_union(schema, at, depth)
+        if "const" in schema or "enum" in schema:
+            return self.visit_literals(schema, at)
+        types = schema.get("type", implied_type(schema))
         if isinstance(types, list):
-            if not types:
-                raise _bad(f"type at {_where(name)} is an empty list")
-            return self.add(name or "root", " | ".join(
-                self.visit({**schema, "type": t}, f"{name}-{t}", depth + 1) for t in types))
-        return self.visit_type(schema, types, name, depth)
+            return self.visit_types(schema, types, at, depth)
+        return self.visit_type(schema, types, at, depth)
 
-    def visit_ref(self, schema: dict, name: str, depth: int) -> str:
+    def visit_union(self, schema: dict, at: str, depth: int) -> str:
+        where = at or "root"
+        if "anyOf" in schema and "oneOf" in schema:
+            raise _bad(f"anyOf and oneOf together at {where} are not supported")
+        key = "anyOf" if "anyOf" in schema else "oneOf"
+        alts = schema[key]
+        if not isinstance(alts, list) or not alts:
+            raise _bad(f"anyOf/oneOf at {where} must be a non-empty list")
+        self.budget.alternatives(len(alts), where)
+        rest = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")}
+        names = [self.visit(merge(rest, a), f"{at}/{key}/{i}", depth + 1)
+                 for i, a in enumerate(alts)]
+        return self.add(self.name(at), " | ".join(names),
+                        Shape(alts=tuple(names), what=f"{key} at {where}"))
+
+    def visit_literals(self, schema: dict, at: str) -> str:
+        where = at or "root"
+        if "const" in schema:
+            held, values = schema["const"], [schema["const"]]
+        else:
+            held = values = schema["enum"]
+            if not isinstance(values, list) or not values:
+                raise _bad(f"enum at {where} must be a non-empty list")
+        # anyOf and type lists copy the keywords beside them into each
+        # alternative: the same enum is then built once, not once for each.
+        hit = self.literals.get(id(held))
+        if hit is not None:
+            return hit[1]
+        self.budget.enum(len(values), where)
+        texts = list(dict.fromkeys(_json(v) for v in values))
+        lits = ['"' + t.replace("\\", "\\\\").replace('"', '\\"') + '"' for t in texts]
+        body = f"({' | '.join(lits)}) space" if len(lits) > 1 else f"{lits[0]} space"
+        shape = Shape(first=frozenset(t[0] for t in texts), lead=text_lead(texts), live=len(lits))
+        rule = self.add(self.name(at), body, shape)
+        self.literals[id(held)] = (held, rule)
+        return rule
+
+    def visit_types(self, schema: dict, types: list, at: str, depth: int) -> str:
+        where = at or "root"
+        if not types or len(types) > len(TYPES) \
+                or len(set(map(str, types))) != len(types):
+            raise _bad(f"type at {where} must be a non-empty list of distinct types")
+        names = [self.visit({**schema, "type": t}, f"{at}/type/{t}", depth + 1) for t in types]
+        return self.add(self.name(at), " | ".join(names),
+                        Shape(alts=tuple(names), what=f"type list at {where}"))
+
+    def visit_ref(self, schema: dict, at: str, depth: int) -> str:
         ref = schema["$ref"]
-        extra = sorted(set(schema) - _ANNOTATIONS - {"$ref", "$defs", "definitions"})
+        extra = sorted(set(schema) - ANNOTATIONS - {"$ref", "$defs", "definitions"})
         if extra:
             raise _bad(f"$ref cannot be combined with {', '.join(extra)} (use allOf)")
         if ref not in self.refs:
+            target = self.deref(ref)
             # Named before visiting, so a recursive definition refers to itself.
             rule = self.refs[ref] = self.add("ref-" + ref.rsplit("/", 1)[-1], "")
-            self.rules[rule] = self.visit(self.deref(ref), rule + "-body", depth + 1)
+            body = self.visit(target, ref.removeprefix("#/"), depth + 1)
+            self.rules[rule] = body
+            self.shapes[rule] = Shape(target=body, ref=ref, parts=(body,))
         return self.refs[ref]
 
-    def visit_type(self, schema: dict, kind: Any, name: str, depth: int) -> str:
+    def visit_type(self, schema: dict, kind: Any, at: str, depth: int) -> str:
         if kind is None:
             return self.primitive("value")
-        if kind not in _TYPES:
-            raise _bad(f"unknown type {kind!r} at {_where(name)}")
+        if kind not in TYPES:
+            raise _bad(f"unknown type {str(kind)[:60]!r} at {at or 'root'}")
         if kind == "object":
-            return self.visit_object(schema, name, depth)
+            return self.visit_object(schema, at, depth)
         if kind == "array":
-            return self.visit_array(schema, name, depth)
+            return self.visit_array(schema, at, depth)
         if kind == "string":
-            return self.visit_string(schema, name)
+            return self.visit_string(schema, at)
         return self.primitive(kind)
 
-    def visit_object(self, schema: dict, name: str, depth: int) -> str:
+    def visit_object(self, schema: dict, at: str, depth: int) -> str:
+        where = at or "root"
         props = schema.get("properties", {})
         required = schema.get("required", [])
         extra = schema.get("additionalProperties", not props)
         if not isinstance(props, dict) or not isinstance(required, list) \
                 or not all(isinstance(r, str) for r in required):
-            raise _bad(f"properties/required at {_where(name)} are malformed")
+            raise _bad(f"properties/required at {where} are malformed")
         if not props and not required and extra is True:
             return self.primitive("object")
-        kv = {}
-        for key in list(props) + [r for r in required if r not in props]:
+        self.budget.props(len(props) + len(required), where)
+        needed = set(required)
+        kv, values = {}, {}
+        for key in list(props) + [r for r in dict.fromkeys(required) if r not in props]:
             sub = props.get(key, extra if extra is not False else None)
             if sub is None:
-                raise _bad(f"required property {key!r} is not allowed by additionalProperties")
-            value = self.visit(sub, f"{name}-{key}", depth + 1)
-            kv[key] = self.add(f"{name}-{key}-kv", f'{_literal(key)} space ":" space {value}')
-        req = [kv[k] for k in kv if k in required]
-        opt = [kv[k] for k in kv if k not in required]
+                raise _bad(f"required property {key[:100]!r} is not allowed by "
+                           "additionalProperties")
+            values[key] = self.visit(sub, f"{at}/properties/{_key(key)}", depth + 1)
+            kv[key] = self.add(self.name(at, f"{key}-kv"),
+                               f'{_literal(key)} space ":" space {values[key]}')
+        req = [kv[k] for k in kv if k in needed]
+        opt = [kv[k] for k in kv if k not in needed]
+        groups = ()
         if extra is not False:
-            value = self.visit(extra, f"{name}-extra", depth + 1)
-            one = self.add(f"{name}-extra-kv", f'{self.primitive("string")} ":" space {value}')
-            opt.append(self.add(f"{name}-extra-kvs", f'{one} ("," space {one})*'))
+            value = self.visit(extra, f"{at}/additionalProperties", depth + 1)
+            one = self.add(self.name(at, "extra-kv"), f'{self.primitive("string")} ":" space {value}')
+            opt.append(self.add(self.name(at, "extra-kvs"), f'{one} ("," space {one})*'))
+            # Where an optional named key may come, so may an extra key, and
+            # the name matches the extra keys' string too: both stay live.
+            groups = tuple((f"additionalProperties at {where}",
+                            ((f"property {k[:60]!r}", v), ("additionalProperties", value)))
+                           for k, v in values.items() if k not in needed)
+        lead = (frozenset("{"),)
+        if req:     # what tells this object from others: its first key (and value)
+            first_key = next(k for k in kv if k in needed)
+            lead += (SP, *text_lead([_json(first_key)]), SP, frozenset(":"), SP,
+                     *self.shapes[values[first_key]].lead)
+        return self.add(self.name(at), self.object_body(at, req, opt),
+                        Shape(first=frozenset("{"), groups=groups, lead=lead[:MAX_LEAD]))
+
+    def object_body(self, at: str, req: list[str], opt: list[str]) -> str:
         body = ' "," space '.join(req) or None
         if opt:
             # tails[i]: the optional properties from i on, each with its comma.
             tails = [""] * (len(opt) + 1)
             for i in range(len(opt) - 1, -1 if req else 0, -1):
-                tails[i] = self.add(f"{name}-opt", f'("," space {opt[i]})? {tails[i + 1]}'.strip())
+                tails[i] = self.add(self.name(at, "opt"),
+                                    f'("," space {opt[i]})? {tails[i + 1]}'.strip())
             if req:
                 body += f" {tails[0]}"
             else:
                 body = "(" + " | ".join(f"{o} {tails[i + 1]}".strip()
                                         for i, o in enumerate(opt)) + ")?"
-        return self.add(name or "root", " ".join(filter(None, ['"{" space', body, '"}" space'])))
+        return " ".join(filter(None, ['"{" space', body, '"}" space']))
 
-    def visit_array(self, schema: dict, name: str, depth: int) -> str:
+    def visit_array(self, schema: dict, at: str, depth: int) -> str:
+        where = at or "root"
         prefix = schema.get("prefixItems", [])
         items = schema.get("items", None)
         if isinstance(items, list):     # draft-07 tuples
             prefix, items = items, schema.get("additionalItems", None)
         if not isinstance(prefix, list):
-            raise _bad(f"prefixItems at {_where(name)} must be a list")
+            raise _bad(f"prefixItems at {where} must be a list")
         lo, hi = _count(schema, "minItems", 0), _count(schema, "maxItems", None)
         if hi is not None and hi < lo:
-            raise _bad(f"maxItems < minItems at {_where(name)}")
+            raise _bad(f"maxItems < minItems at {where}")
+        self.budget.repeat(max(lo, hi or 0))
         n_pre = len(prefix) if hi is None else min(len(prefix), hi)
-        parts = [self.visit(p, f"{name}-{i}", depth + 1) for i, p in enumerate(prefix[:n_pre])]
+        parts = [self.visit(p, f"{at}/prefixItems/{i}", depth + 1)
+                 for i, p in enumerate(prefix[:n_pre])]
         more_lo = max(0, lo - n_pre)
         more_hi = None if hi is None else hi - n_pre
         if items is False or (items is None and prefix):
             if items is False and more_lo:
-                raise _bad(f"minItems at {_where(name)} needs more items than allowed")
+                raise _bad(f"minItems at {where} needs more items than allowed")
             more_hi = more_lo       # only what minItems demands
         more = ""
         if more_hi != 0:
-            item = self.visit(True if items is None else items, f"{name}-item", depth + 1)
+            item = self.visit(True if items is None else items, f"{at}/items", depth + 1)
             more = (f'("," space {item}){{{more_lo},{"" if more_hi is None else more_hi}}}'
                     if parts else _repeat(item, more_lo, more_hi))
         items_rule = ' "," space '.join(parts)
-        return self.add(name or "root", " ".join(
-            filter(None, ['"[" space', items_rule, more, '"]" space'])))
+        lead = (frozenset("["),)
+        head = parts[0] if parts else item if more_lo else None
+        if head is not None:    # an item must come: it tells this array from others
+            lead = (*lead, SP, *self.shapes[head].lead)[:MAX_LEAD]
+        return self.add(self.name(at), " ".join(
+            filter(None, ['"[" space', items_rule, more, '"]" space'])),
+            Shape(first=frozenset("["), lead=lead))
 
-    def visit_string(self, schema: dict, name: str) -> str:
+    def visit_string(self, schema: dict, at: str) -> str:
+        where = at or "root"
         fmt = schema.get("format")
+        string = Shape(first=frozenset('"'))
         if fmt in _FORMATS:
             for dep in ("date", "time", "uuid"):
                 if dep in _FORMATS[fmt]:
                     self.primitive(dep)
-            return self.add(name or "root", rf'"\"" {_FORMATS[fmt]} "\"" space')
+            return self.add(self.name(at), rf'"\"" {_FORMATS[fmt]} "\"" space', string)
         lo, hi = _count(schema, "minLength", 0), _count(schema, "maxLength", None)
         if lo == 0 and hi is None:
             return self.primitive("string")
         if hi is not None and hi < lo:
-            raise _bad(f"maxLength < minLength at {_where(name)}")
+            raise _bad(f"maxLength < minLength at {where}")
+        self.budget.repeat(max(lo, hi or 0))
         self.primitive("char")
-        return self.add(name or "root", rf'"\"" char{{{lo},{"" if hi is None else hi}}} "\"" space')
-
-
-def _implied_type(schema: dict) -> str | None:
-    for kind, keys in (("object", _OBJECT_KEYS), ("array", _ARRAY_KEYS), ("string", _STRING_KEYS)):
-        if keys & set(schema):
-            return kind
-    return None
-
-
-def _merge(base: dict, extra: Any) -> Any:
-    """`extra` with the keywords of `base` it does not set itself."""
-    if not base or not isinstance(extra, dict):
-        return extra
-    return {**base, **extra}
-
-
-def _merge_all_of(conv: _Converter, schema: dict) -> dict:
-    """allOf as one schema: properties and required united, every other
-    keyword the same wherever it appears."""
-    members = schema["allOf"]
-    if not isinstance(members, list) or not members:
-        raise _bad("allOf must be a non-empty list")
-    merged = {k: v for k, v in schema.items() if k != "allOf"}
-    for member in members:
-        while isinstance(member, dict) and "$ref" in member:
-            member = {**conv.deref(member["$ref"]),
-                      **{k: v for k, v in member.items() if k != "$ref"}}
-        if not isinstance(member, dict):
-            raise _bad("allOf members must be schemas (objects)")
-        for key, value in member.items():
-            if key in _ANNOTATIONS:
-                continue
-            if key == "properties" and isinstance(value, dict):
-                merged["properties"] = {**merged.get("properties", {}), **value}
-            elif key == "required" and isinstance(value, list):
-                merged["required"] = list(dict.fromkeys(merged.get("required", []) + value))
-            elif key in merged and merged[key] != value:
-                raise _bad(f"allOf members disagree on {key!r}")
-            else:
-                merged[key] = value
-    return merged
-
-
-def _checked(schema: Any) -> dict:
-    if not isinstance(schema, dict):
-        raise _bad(f"the schema must be a JSON object, got {type(schema).__name__}")
-    try:
-        size = len(json.dumps(schema))
-    except (TypeError, ValueError, RecursionError) as e:
-        raise _bad(f"the schema is not plain JSON ({e})") from None
-    if size > MAX_SCHEMA_CHARS:
-        raise _bad(f"the schema is over {MAX_SCHEMA_CHARS:,} characters")
-    return schema
+        return self.add(self.name(at), rf'"\"" char{{{lo},{"" if hi is None else hi}}} "\"" space',
+                        string)
 
 
 def json_object_grammar() -> str:
@@ -323,12 +387,13 @@ def json_object_grammar() -> str:
 def json_schema_grammar(schema: dict) -> str:
     """GBNF for JSON values that `schema` accepts. Raises InvalidParams
     (param "response_format") naming any keyword it cannot enforce, and for
-    a schema that is not a JSON object, too big, too deep, or has a $ref
-    outside #/$defs or #/definitions."""
-    conv = _Converter(_checked(schema))
+    a schema that is not a JSON object, too big, too deep, too costly to
+    convert or to run (grammar_limits.py), has a $ref outside #/$defs or
+    #/definitions, or a $ref cycle that matches nothing before recursing."""
+    conv = _Converter(checked(schema))
     top = conv.visit(schema, "")
-    if top != "root":
-        conv.rules["root"] = top
+    check_rules(conv.shapes, top)
+    conv.rules["root"] = top
     return conv.grammar()
 
 
@@ -340,7 +405,8 @@ def tool_call_grammar(tools: list[dict], style: str = "hermes", *, parallel: boo
     "function": {"name", "parameters"}}) or their bare "function" parts.
     For tool_choice "auto" pass grammar_triggers=("<tool_call>",) with it, so
     the model may answer in free text instead. Raises InvalidParams (param
-    "tools") for an unknown style, a malformed tool or an unsupported schema."""
+    "tools") for an unknown style, a malformed tool or an unsupported or
+    too costly schema (as json_schema_grammar)."""
     if style != "hermes":
         raise InvalidParams(f"unsupported tool-call style {style!r} (known: hermes)", param="tools")
     if not isinstance(tools, list) or not tools:
@@ -354,14 +420,19 @@ def tool_call_grammar(tools: list[dict], style: str = "hermes", *, parallel: boo
             raise InvalidParams(f"tools[{i}] has no function name", param="tools")
         params = fn.get("parameters") or {"type": "object"}
         try:
-            conv.root, conv.refs = _checked(params), {}     # each tool's own $defs
-            args = conv.visit(params, f"tool{i}-args")
+            # Each tool has its own $defs; the content limits are per schema,
+            # the work budget is the request's.
+            conv.root, conv.refs, conv.prefix = checked(params), {}, f"tool{i}-args"
+            conv.budget.properties = conv.budget.enum_values = 0
+            args = conv.visit(params, "")
+            check_rules(conv.shapes, args)
+            conv.prefix = ""
+            calls.append(conv.add(f"tool{i}", " ".join([
+                '"{" space', _literal("name"), 'space ":" space', _literal(name),
+                'space "," space', _literal("arguments"), 'space ":" space', args, '"}" space'])))
         except InvalidParams as e:
-            raise InvalidParams(f"tools[{i}] ({name}) parameters: "
+            raise InvalidParams(f"tools[{i}] ({name[:100]}) parameters: "
                                 + e.message.removeprefix("response_format: "), param="tools") from None
-        calls.append(conv.add(f"tool{i}", " ".join([
-            '"{" space', _literal("name"), 'space ":" space', _literal(name), 'space "," space',
-            _literal("arguments"), 'space ":" space', args, '"}" space'])))
     call = conv.add("call", r'"<tool_call>\n" (' + " | ".join(calls) + r') "\n</tool_call>"')
     conv.rules["root"] = f'{call} ("\\n" {call})*' if parallel else call
     return conv.grammar()
