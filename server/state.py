@@ -39,6 +39,7 @@ class ServerState:
     load_error: str | None = None       # ... and it failed
     started: float = field(default_factory=time.time)
     workers: Workers = field(default_factory=Workers)   # the app shuts them down
+    _resolving: dict = field(default_factory=dict, repr=False)  # name -> its one resolve
 
     @classmethod
     def serving(cls, llm, **kwargs) -> "ServerState":
@@ -77,7 +78,7 @@ class ServerState:
         run on the query workers, the wait is an asyncio event the pool sets
         when room may have appeared, and the load runs on the load workers."""
         pool, workers = self.pool, self.workers
-        resolved = await run_on(workers.query, pool.resolve, name)
+        resolved = await self._resolve(name)
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
 
@@ -104,6 +105,17 @@ class ServerState:
         if not got.fresh:
             return Lease(pool, got.entry)
         return await _settled(workers.load.submit(pool.fill, got.entry), Lease.release)
+
+    async def _resolve(self, name: str):
+        """pool.resolve(name) on the load workers, once for all the requests
+        that ask at the same time: resolving may join a model's part files,
+        and forty requests for it must not take forty threads to wait."""
+        task = self._resolving.get(name)
+        if task is None:
+            task = asyncio.ensure_future(run_on(self.workers.load, self.pool.resolve, name))
+            self._resolving[name] = task
+            task.add_done_callback(lambda _: self._resolving.pop(name, None))
+        return await asyncio.shield(task)
 
     def health(self) -> tuple[str, str | None]:
         """("ok" | "loading" | "error", why): an engine that stopped, or one
