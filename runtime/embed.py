@@ -5,7 +5,13 @@ nothing), several inputs per llama_decode.
 The vectors come from a second llama_context on the same weights, made on
 first use and kept while the LLM lives: the generation engine's context
 has no embeddings output and belongs to the engine's thread. Calls from
-many threads take turns on it."""
+many threads take turns on it one batch at a time, first come first served,
+so a small request waits for one batch of a large one, not for all of it.
+
+A request stops between batches once its CancelFlag is set (the server sets
+it when the client hangs up), and one request embeds at most
+LLMCTL_EMBED_MAX_TOKENS tokens (65,536 unless set): 64 inputs of 1,280
+tokens kept a core busy for 25 minutes."""
 
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import weakref
 
 import numpy as np
 
+from llmctl import config
 from llmctl.errors import ContextOverflow, InvalidParams, LlmctlError
 from llmctl.runtime.backend import EmbeddingContext, LlamaModel
 from llmctl.runtime.llm import LLM, MAX_CHARS_PER_TOKEN
@@ -27,6 +34,8 @@ MIN_TOKENS = 512
 # batch: its compute buffer holds n_tokens x n_vocab floats. This bounds it
 # (a 262k vocabulary gets MIN_TOKENS, a 49k one about 1,300).
 LOGITS_BUDGET = 256 << 20
+
+DEFAULT_MAX_REQUEST_TOKENS = 65536
 
 # One per LLM, dropped with it; the LLM's close frees the context first.
 _embedders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -57,10 +66,66 @@ def pooling_for(model: LlamaModel) -> str:
     return declared if declared in ("mean", "cls", "last") else "mean"
 
 
+def max_request_tokens() -> int:
+    """Tokens one request may embed: LLMCTL_EMBED_MAX_TOKENS, else 65,536.
+    Raises InvalidParams for a value that is not a positive integer."""
+    raw = config.env("EMBED_MAX_TOKENS", str(DEFAULT_MAX_REQUEST_TOKENS))
+    if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
+        raise InvalidParams("LLMCTL_EMBED_MAX_TOKENS must be a positive integer",
+                            param="LLMCTL_EMBED_MAX_TOKENS")
+    return int(raw)
+
+
+class Cancelled(LlmctlError):
+    """An embeddings request stopped because its client left (HTTP 499:
+    nobody reads the answer)."""
+
+    http_status = 499
+    code = "cancelled"
+
+
+class CancelFlag:
+    """Set once a request's client is gone. `close` sets it, so the server's
+    cancel_on_disconnect treats it as it treats a generation stream."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def close(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+
+class _FairLock:
+    """A lock handed over in arrival order. threading.Lock lets the thread
+    that releases it take it straight back, so a large request running batch
+    after batch would starve a small one waiting between them."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._issued = 0        # tickets handed out
+        self._serving = 0       # the ticket that may run
+
+    def __enter__(self) -> None:
+        with self._cv:
+            ticket = self._issued
+            self._issued += 1
+            while ticket != self._serving:
+                self._cv.wait()
+
+    def __exit__(self, *exc) -> None:
+        with self._cv:
+            self._serving += 1
+            self._cv.notify_all()
+
+
 class Embedder:
-    """An LLM's embeddings context and the lock that serialises its use.
-    Raises what pooling_for raises, and LlmctlError when llama.cpp cannot
-    make the context."""
+    """An LLM's embeddings context and the lock that serialises its use, a
+    batch at a time. Raises what pooling_for raises, and LlmctlError when
+    llama.cpp cannot make the context."""
 
     def __init__(self, llm: LLM):
         # Holds the model, never the LLM: the registry's value must not keep its key alive.
@@ -69,15 +134,22 @@ class Embedder:
         self.ctx = EmbeddingContext(self.model, n_tokens=self.n_tokens, n_seq_max=MAX_SEQS,
                                     n_threads=llm.opts.threads or default_threads(),
                                     pooling=pooling_for(self.model))
-        self._lock = threading.Lock()
+        self._turns = _FairLock()
+        # The model's one stats source: embeddings count beside generation.
+        self.stats = llm.engine.scheduler.collector
 
-    def run(self, seqs: list[list[int]]) -> np.ndarray:
+    def run(self, seqs: list[list[int]], cancel: CancelFlag | None = None) -> np.ndarray:
         """Unit vectors of `seqs` (each at most n_tokens long), one row each,
-        in order. Raises DecodeError, and LlmctlError once the model is gone."""
+        in order. Raises Cancelled between batches once `cancel` is set,
+        DecodeError, and LlmctlError once the model is gone."""
         rows = []
-        with self._lock:
-            for batch in _batches(seqs, self.n_tokens):
+        for batch in _batches(seqs, self.n_tokens):
+            with self._turns:
+                # Checked once its turn comes: the client may have left while it waited.
+                if cancel is not None and cancel.cancelled:
+                    raise Cancelled("the client closed the connection")
                 rows.append(self.ctx.embed(batch))
+            self.stats.record_embed_tokens(sum(map(len, batch)))
         return _normalised(np.vstack(rows))
 
 
@@ -114,7 +186,8 @@ def embedder(llm: LLM) -> Embedder:
 
 
 def embed_texts(llm: LLM, texts: list[str], *, truncate: bool = True,
-                dimensions: int | None = None) -> tuple[list[list[float]], int]:
+                dimensions: int | None = None,
+                cancel: CancelFlag | None = None) -> tuple[list[list[float]], int]:
     """L2-normalised embeddings of `texts`, in order, and the number of
     tokens embedded. A text longer than the longest input is cut to fit
     (keeping its start) with `truncate`, else refused.
@@ -124,9 +197,10 @@ def embed_texts(llm: LLM, texts: list[str], *, truncate: bool = True,
     shortened vector is a cruder one, but still unit-length.
 
     Raises InvalidParams (param "input" or "dimensions") for an empty list,
-    more than MAX_INPUTS texts, a non-string or empty text, or dimensions
-    outside 1..n_embd; ContextOverflow (param "input") for a text too long
-    when not truncating; what embedder() raises; DecodeError."""
+    more than MAX_INPUTS texts, a non-string or empty text, more than
+    max_request_tokens() tokens in all, or dimensions outside 1..n_embd;
+    ContextOverflow (param "input") for a text too long when not truncating;
+    Cancelled once `cancel` is set; what embedder() raises; DecodeError."""
     _check_list(texts)
     for text in texts:
         if not isinstance(text, str):
@@ -138,11 +212,12 @@ def embed_texts(llm: LLM, texts: list[str], *, truncate: bool = True,
     # it first spares tokenizing megabytes only to drop them.
     cap = emb.n_tokens * MAX_CHARS_PER_TOKEN
     seqs = [llm.model.tokenize(t[:cap], add_special=True, parse_special=False) for t in texts]
-    return _embed(emb, seqs, truncate, dimensions)
+    return _embed(emb, seqs, truncate, dimensions, cancel)
 
 
 def embed_tokens(llm: LLM, seqs: list[list[int]], *, truncate: bool = True,
-                 dimensions: int | None = None) -> tuple[list[list[float]], int]:
+                 dimensions: int | None = None,
+                 cancel: CancelFlag | None = None) -> tuple[list[list[float]], int]:
     """embed_texts for inputs given as token ids. Raises what embed_texts
     raises, and InvalidParams (param "input") for an empty token list or an
     id outside the vocabulary."""
@@ -155,7 +230,7 @@ def embed_tokens(llm: LLM, seqs: list[list[int]], *, truncate: bool = True,
                    for t in seq):
             raise InvalidParams(f"'input' token ids must be integers in 0..{n_vocab - 1}",
                                 param="input")
-    return _embed(embedder(llm), [list(s) for s in seqs], truncate, dimensions)
+    return _embed(embedder(llm), [list(s) for s in seqs], truncate, dimensions, cancel)
 
 
 def _check_list(items) -> None:
@@ -166,8 +241,8 @@ def _check_list(items) -> None:
                             param="input")
 
 
-def _embed(emb: Embedder, seqs: list[list[int]], truncate: bool,
-           dimensions: int | None) -> tuple[list[list[float]], int]:
+def _embed(emb: Embedder, seqs: list[list[int]], truncate: bool, dimensions: int | None,
+           cancel: CancelFlag | None) -> tuple[list[list[float]], int]:
     n_embd = emb.model.n_embd
     if dimensions is not None and not (isinstance(dimensions, int)
                                        and not isinstance(dimensions, bool)
@@ -179,7 +254,19 @@ def _embed(emb: Embedder, seqs: list[list[int]], truncate: bool,
         raise ContextOverflow(f"an input is longer than the {emb.n_tokens} tokens that fit "
                               "(allow truncation to cut it)", param="input")
     seqs = [s[:emb.n_tokens] for s in seqs]
-    vectors = emb.run(seqs)
+    total, cap = sum(map(len, seqs)), max_request_tokens()
+    if total > cap:
+        raise InvalidParams(f"'input' has {total:,} tokens; one request may embed at most "
+                            f"{cap:,}", param="input")
+    try:
+        vectors = emb.run(seqs, cancel)
+    except Cancelled:
+        emb.stats.record_embed_request("cancelled")
+        raise
+    except BaseException:
+        emb.stats.record_embed_request("error")
+        raise
+    emb.stats.record_embed_request("ok")
     if dimensions is not None:
         vectors = _normalised(vectors[:, :dimensions])
-    return vectors.tolist(), sum(map(len, seqs))
+    return vectors.tolist(), total

@@ -1,20 +1,25 @@
 """/v1/embeddings in OpenAI's shape: parse and check the request, embed on a
-worker thread (llmctl.runtime.embed), and return floats or base64."""
+worker thread (llmctl.runtime.embed), and return floats or base64. The work
+stops between batches once the client hangs up (`embed_watched`, which
+Ollama's embedding routes use too)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from fastapi import APIRouter, Request
 
 from llmctl.errors import InvalidParams
-from llmctl.runtime.embed import embed_texts, embed_tokens
+from llmctl.runtime.embed import CancelFlag, embed_texts, embed_tokens
 from llmctl.server.body import json_body
+from llmctl.server.completions import cancel_on_disconnect
 from llmctl.server.protocol import typed_field
 from llmctl.server.state import state_of
+from llmctl.server.workers import run_on
 
 router = APIRouter()
 
@@ -81,6 +86,24 @@ def _encode(vector: list[float], as_base64: bool):
         if as_base64 else vector
 
 
+async def embed_watched(request: Request, embed: Callable, *args, **kwargs):
+    """`embed(*args, **kwargs, cancel=flag)` on a worker thread, the flag set
+    the moment the client disconnects, so the work stops at its next batch.
+    Raises what `embed` raises: Cancelled (a 499 nobody reads) once the
+    client is gone."""
+    flag = CancelFlag()
+    watcher = asyncio.create_task(cancel_on_disconnect(request, [flag]))
+    # Embeddings' own executor when the app has one, so a long request never
+    # holds a thread that renders or parses other requests.
+    executor = getattr(state_of(request).workers, "embed", None)
+    try:
+        if executor is None:
+            return await asyncio.to_thread(embed, *args, **kwargs, cancel=flag)
+        return await run_on(executor, embed, *args, **kwargs, cancel=flag)
+    finally:
+        watcher.cancel()
+
+
 @router.post("/v1/embeddings")
 async def embeddings(request: Request):
     req = parse_embedding_request(await json_body(request))
@@ -88,8 +111,8 @@ async def embeddings(request: Request):
     try:
         embed, items = (embed_texts, req.texts) if req.texts is not None else \
             (embed_tokens, req.tokens)
-        vectors, n_prompt = await asyncio.to_thread(
-            embed, lease.llm, items, truncate=req.truncate, dimensions=req.dimensions)
+        vectors, n_prompt = await embed_watched(
+            request, embed, lease.llm, items, truncate=req.truncate, dimensions=req.dimensions)
     finally:
         lease.release()
     return {"object": "list",

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -186,6 +185,7 @@ def _texts(value) -> list[str]:
 @router.post("/api/embed")
 async def embed(request: Request):
     from llmctl.runtime.embed import embed_texts
+    from llmctl.server.embeddings import embed_watched
 
     start = time.monotonic()
     state = state_of(request)
@@ -197,10 +197,29 @@ async def embed(request: Request):
     model = typed_field(body, "model", (str,)) or None
     with await state.lease(model, body.get("keep_alive")) as lease:
         load_s = time.monotonic() - start
-        vectors, n_prompt = ([], 0) if not texts else await asyncio.to_thread(
-            embed_texts, lease.llm, texts, truncate=truncate is not False,
+        # Stopped between batches if the client hangs up.
+        vectors, n_prompt = ([], 0) if not texts else await embed_watched(
+            request, embed_texts, lease.llm, texts, truncate=truncate is not False,
             dimensions=dimensions)
     return {"model": model or lease.name, "embeddings": vectors,
             "total_duration": ns(time.monotonic() - start), "load_duration": ns(load_s),
             "prompt_eval_count": n_prompt}
+
+
+@router.post("/api/embeddings")
+async def embeddings_legacy(request: Request):
+    """Ollama's older route: one `prompt`, one `embedding` (empty for an
+    empty prompt), with the same cancellation and limits as /api/embed."""
+    from llmctl.runtime.embed import embed_texts
+    from llmctl.server.embeddings import embed_watched
+
+    state = state_of(request)
+    body = await json_body(request)
+    prompt = typed_field(body, "prompt", (str,)) or ""
+    parse_options(body.get("options"), state.defaults)
+    model = typed_field(body, "model", (str,)) or None
+    with await state.lease(model, body.get("keep_alive")) as lease:
+        vectors, _ = ([[]], 0) if not prompt else await embed_watched(
+            request, embed_texts, lease.llm, [prompt])
+    return {"embedding": vectors[0]}
 
