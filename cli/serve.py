@@ -109,9 +109,9 @@ def serve(
                        flash_attn={"auto": None, "on": True, "off": False}[flash_attn.value],
                        kv_type=kv_type.value, **o.spec_fields(spec, draft_max, draft_min, draft, draft_p_min))
     from llmctl.runtime.pool import parse_keep_alive
+    from llmctl.server.middleware import http_policy
     from llmctl.server.serve import PoolSettings
     from llmctl.server.serve import serve as serve_model
-    from llmctl.server.state import HttpPolicy
 
     try:
         keep = parse_keep_alive(keep_alive)
@@ -121,10 +121,7 @@ def serve(
                             memory_budget=parse_bytes(memory_budget, "--memory-budget")
                             if memory_budget else None,
                             reasoning_format=reasoning_format.value)
-    policy = HttpPolicy(api_key=api_key or None, metrics_public=metrics_public,
-                        allowed_origins=tuple(origin.strip() for origin in allowed_origins.split(",")
-                                              if origin.strip()),
-                        max_body_bytes=int(max_body_mb * (1 << 20)))
+    policy = http_policy(api_key, allowed_origins, max_body_mb, metrics_public)
     serve_model(model, host, port, load, policy, settings=settings,
                 on_ready=lambda url: err.print(f"Serving on {url}/v1 (Ctrl-C to stop)"))
 
