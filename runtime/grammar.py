@@ -21,21 +21,9 @@ from dataclasses import replace
 from typing import Any
 
 from llmctl.errors import InvalidParams
-from llmctl.runtime.grammar_limits import (
-    DIGITS,
-    JSON_FIRST,
-    MAX_DEPTH,
-    MAX_LEAD,
-    SP,
-    Budget,
-    Shape,
-    check_rules,
-    text_lead,
-)
+from llmctl.runtime import grammar_limits as gl
+from llmctl.runtime import grammar_schema as gs
 from llmctl.runtime.grammar_limits import bad as _bad
-from llmctl.runtime.grammar_schema import ANNOTATIONS, KEYWORDS, TYPES, AllOf, checked, implied_type, merge
-
-MAX_REPEAT = 1_000          # llama.cpp refuses repetitions over 2000
 
 # Whitespace is at most one space: a model left free to emit newlines and
 # indentation can run away in them until max_tokens.
@@ -60,8 +48,8 @@ _DEPS = {"string": ["char"], "value": ["object", "array", "string", "number", "b
          "object": ["string", "value"], "array": ["value"]}
 # The characters each primitive's text begins with ("value" is unambiguous:
 # its alternatives begin differently).
-_FIRST = {"string": '"', "integer": DIGITS, "number": DIGITS, "boolean": "tf", "null": "n",
-          "value": JSON_FIRST, "object": "{", "array": "[", "space": " "}
+_FIRST = {"string": '"', "integer": gl.DIGITS, "number": gl.DIGITS, "boolean": "tf", "null": "n",
+          "value": gl.JSON_FIRST, "object": "{", "array": "[", "space": " "}
 _FORMATS = {"date": "date", "time": "time", "date-time": 'date "T" time', "uuid": "uuid"}
 # Location segments left out of rule names, and shorter spellings: a rule's
 # name only has to be unique and readable in a dump of the grammar.
@@ -79,19 +67,6 @@ def _json(value: Any) -> str:
 def _literal(value: Any) -> str:
     """A GBNF literal matching `value` written as compact JSON."""
     return '"' + _json(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _key(key: str) -> str:
-    """A property name as one segment of a location (JSON Pointer escapes)."""
-    return key.replace("~", "~0").replace("/", "~1")
-
-
-def _count(schema: dict, key: str, default: int | None) -> int | None:
-    value = schema.get(key, default)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                              or not 0 <= value <= MAX_REPEAT):
-        raise _bad(f"{key} must be an integer in [0, {MAX_REPEAT}], got {value!r}")
-    return value
 
 
 def _repeat(item: str, lo: int, hi: int | None) -> str:
@@ -112,9 +87,9 @@ class _Converter:
         self.root = root
         self.prefix = prefix
         self.rules: dict[str, str] = {"space": _PRIMITIVES["space"]}
-        self.shapes: dict[str, Shape] = {"space": Shape(first=frozenset(" "))}
+        self.shapes: dict[str, gl.Shape] = {"space": gl.Shape(first=frozenset(" "))}
         self.refs: dict[str, str] = {}
-        self.budget = Budget()
+        self.budget = gl.Budget()
         self.literals: dict[int, tuple[Any, str]] = {}  # id(enum list or const) -> it, its rule
         self.taken: dict[str, int] = {}                 # next free suffix per rule name
 
@@ -126,7 +101,7 @@ class _Converter:
         segs = [_SHORT.get(s, s) for s in at.split("/") if s and s not in _SILENT]
         return "-".join(filter(None, [self.prefix, *segs, suffix])) or "root"
 
-    def add(self, name: str, body: str, shape: Shape = Shape()) -> str:
+    def add(self, name: str, body: str, shape: gl.Shape = gl.Shape()) -> str:
         """Add a rule under a free name like `name`; return that name.
         "root" is kept for the start rule, which callers set themselves."""
         self.budget.rule(body)
@@ -151,7 +126,7 @@ class _Converter:
             for dep in _DEPS.get(name, []):
                 self.primitive(dep)
             # After the dependencies, so that `uses` finds them all.
-            self.shapes[name] = Shape(first=frozenset(_FIRST.get(name, "")),
+            self.shapes[name] = gl.Shape(first=frozenset(_FIRST.get(name, "")),
                                       parts=self.uses(_PRIMITIVES[name]))
         return name
 
@@ -166,35 +141,35 @@ class _Converter:
     def visit(self, schema: Any, at: str, depth: int = 0) -> str:
         """The rule name for values that `schema` (found at location `at`)
         accepts. Raises InvalidParams."""
-        where = at or "root"
-        if depth > MAX_DEPTH:
-            raise _bad(f"the schema nests deeper than {MAX_DEPTH} levels (at {where})")
+        where = at.lstrip("/") or "root"
+        if depth > gl.MAX_DEPTH:
+            raise _bad(f"the schema nests deeper than {gl.MAX_DEPTH} levels (at {where})")
         self.budget.node(where)
         if schema is True or schema == {}:
             return self.primitive("value")
         if not isinstance(schema, dict):
             raise _bad(f"a schema must be an object, got {json.dumps(schema)[:60]}"
                        if schema is not False else "a false schema accepts no value")
-        unknown = sorted(set(schema) - KEYWORDS)
+        unknown = sorted(set(schema) - gs.KEYWORDS)
         if unknown:
             raise _bad(f"unsupported JSON Schema keyword(s) {', '.join(unknown)[:200]} "
                        f"at {where}")
         if "$ref" in schema:
             return self.visit_ref(schema, at, depth)
         if "allOf" in schema:
-            merged = AllOf(self.deref, self.budget).merged(schema, where, depth)
+            merged = gs.AllOf(self.deref, self.budget).merged(schema, where, depth)
             return self.visit(merged, at, depth + 1)
         if "anyOf" in schema or "oneOf" in schema:
             return self.visit_union(schema, at, depth)
         if "const" in schema or "enum" in schema:
             return self.visit_literals(schema, at)
-        types = schema.get("type", implied_type(schema))
+        types = schema.get("type", gs.implied_type(schema))
         if isinstance(types, list):
             return self.visit_types(schema, types, at, depth)
         return self.visit_type(schema, types, at, depth)
 
     def visit_union(self, schema: dict, at: str, depth: int) -> str:
-        where = at or "root"
+        where = at.lstrip("/") or "root"
         if "anyOf" in schema and "oneOf" in schema:
             raise _bad(f"anyOf and oneOf together at {where} are not supported")
         key = "anyOf" if "anyOf" in schema else "oneOf"
@@ -203,13 +178,13 @@ class _Converter:
             raise _bad(f"anyOf/oneOf at {where} must be a non-empty list")
         self.budget.alternatives(len(alts), where)
         rest = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")}
-        names = [self.visit(merge(rest, a), f"{at}/{key}/{i}", depth + 1)
+        names = [self.visit(gs.merge(rest, a), f"{at}/{key}/{i}", depth + 1)
                  for i, a in enumerate(alts)]
         return self.add(self.name(at), " | ".join(names),
-                        Shape(alts=tuple(names), what=f"{key} at {where}"))
+                        gl.Shape(alts=tuple(names), what=f"{key} at {where}"))
 
     def visit_literals(self, schema: dict, at: str) -> str:
-        where = at or "root"
+        where = at.lstrip("/") or "root"
         if "const" in schema:
             held, values = schema["const"], [schema["const"]]
         else:
@@ -225,23 +200,23 @@ class _Converter:
         texts = list(dict.fromkeys(_json(v) for v in values))
         lits = ['"' + t.replace("\\", "\\\\").replace('"', '\\"') + '"' for t in texts]
         body = f"({' | '.join(lits)}) space" if len(lits) > 1 else f"{lits[0]} space"
-        shape = Shape(first=frozenset(t[0] for t in texts), lead=text_lead(texts), live=len(lits))
+        shape = gl.Shape(first=frozenset(t[0] for t in texts), lead=gl.text_lead(texts), live=len(lits))
         rule = self.add(self.name(at), body, shape)
         self.literals[id(held)] = (held, rule)
         return rule
 
     def visit_types(self, schema: dict, types: list, at: str, depth: int) -> str:
-        where = at or "root"
-        if not types or len(types) > len(TYPES) \
+        where = at.lstrip("/") or "root"
+        if not types or len(types) > len(gs.TYPES) \
                 or len(set(map(str, types))) != len(types):
             raise _bad(f"type at {where} must be a non-empty list of distinct types")
         names = [self.visit({**schema, "type": t}, f"{at}/type/{t}", depth + 1) for t in types]
         return self.add(self.name(at), " | ".join(names),
-                        Shape(alts=tuple(names), what=f"type list at {where}"))
+                        gl.Shape(alts=tuple(names), what=f"type list at {where}"))
 
     def visit_ref(self, schema: dict, at: str, depth: int) -> str:
         ref = schema["$ref"]
-        extra = sorted(set(schema) - ANNOTATIONS - {"$ref", "$defs", "definitions"})
+        extra = sorted(set(schema) - gs.ANNOTATIONS - {"$ref", "$defs", "definitions"})
         if extra:
             raise _bad(f"$ref cannot be combined with {', '.join(extra)} (use allOf)")
         if ref not in self.refs:
@@ -250,14 +225,14 @@ class _Converter:
             rule = self.refs[ref] = self.add("ref-" + ref.rsplit("/", 1)[-1], "")
             body = self.visit(target, ref.removeprefix("#/"), depth + 1)
             self.rules[rule] = body
-            self.shapes[rule] = Shape(target=body, ref=ref, parts=(body,))
+            self.shapes[rule] = gl.Shape(target=body, ref=ref, parts=(body,))
         return self.refs[ref]
 
     def visit_type(self, schema: dict, kind: Any, at: str, depth: int) -> str:
         if kind is None:
             return self.primitive("value")
-        if kind not in TYPES:
-            raise _bad(f"unknown type {str(kind)[:60]!r} at {at or 'root'}")
+        if kind not in gs.TYPES:
+            raise _bad(f"unknown type {str(kind)[:60]!r} at {at.lstrip('/') or 'root'}")
         if kind == "object":
             return self.visit_object(schema, at, depth)
         if kind == "array":
@@ -267,7 +242,7 @@ class _Converter:
         return self.primitive(kind)
 
     def visit_object(self, schema: dict, at: str, depth: int) -> str:
-        where = at or "root"
+        where = at.lstrip("/") or "root"
         props = schema.get("properties", {})
         required = schema.get("required", [])
         extra = schema.get("additionalProperties", not props)
@@ -284,7 +259,7 @@ class _Converter:
             if sub is None:
                 raise _bad(f"required property {key[:100]!r} is not allowed by "
                            "additionalProperties")
-            values[key] = self.visit(sub, f"{at}/properties/{_key(key)}", depth + 1)
+            values[key] = self.visit(sub, f"{at}/properties/{gs.segment(key)}", depth + 1)
             kv[key] = self.add(self.name(at, f"{key}-kv"),
                                f'{_literal(key)} space ":" space {values[key]}')
         req = [kv[k] for k in kv if k in needed]
@@ -302,10 +277,10 @@ class _Converter:
         lead = (frozenset("{"),)
         if req:     # what tells this object from others: its first key (and value)
             first_key = next(k for k in kv if k in needed)
-            lead += (SP, *text_lead([_json(first_key)]), SP, frozenset(":"), SP,
+            lead += (gl.SP, *gl.text_lead([_json(first_key)]), gl.SP, frozenset(":"), gl.SP,
                      *self.shapes[values[first_key]].lead)
         return self.add(self.name(at), self.object_body(at, req, opt),
-                        Shape(first=frozenset("{"), groups=groups, lead=lead[:MAX_LEAD]))
+                        gl.Shape(first=frozenset("{"), groups=groups, lead=lead[:gl.MAX_LEAD]))
 
     def object_body(self, at: str, req: list[str], opt: list[str]) -> str:
         body = ' "," space '.join(req) or None
@@ -323,14 +298,14 @@ class _Converter:
         return " ".join(filter(None, ['"{" space', body, '"}" space']))
 
     def visit_array(self, schema: dict, at: str, depth: int) -> str:
-        where = at or "root"
+        where = at.lstrip("/") or "root"
         prefix = schema.get("prefixItems", [])
         items = schema.get("items", None)
         if isinstance(items, list):     # draft-07 tuples
             prefix, items = items, schema.get("additionalItems", None)
         if not isinstance(prefix, list):
             raise _bad(f"prefixItems at {where} must be a list")
-        lo, hi = _count(schema, "minItems", 0), _count(schema, "maxItems", None)
+        lo, hi = gs.count(schema, "minItems", 0), gs.count(schema, "maxItems", None)
         if hi is not None and hi < lo:
             raise _bad(f"maxItems < minItems at {where}")
         self.budget.repeat(max(lo, hi or 0))
@@ -352,21 +327,21 @@ class _Converter:
         lead = (frozenset("["),)
         head = parts[0] if parts else item if more_lo else None
         if head is not None:    # an item must come: it tells this array from others
-            lead = (*lead, SP, *self.shapes[head].lead)[:MAX_LEAD]
+            lead = (*lead, gl.SP, *self.shapes[head].lead)[:gl.MAX_LEAD]
         return self.add(self.name(at), " ".join(
             filter(None, ['"[" space', items_rule, more, '"]" space'])),
-            Shape(first=frozenset("["), lead=lead))
+            gl.Shape(first=frozenset("["), lead=lead))
 
     def visit_string(self, schema: dict, at: str) -> str:
-        where = at or "root"
+        where = at.lstrip("/") or "root"
         fmt = schema.get("format")
-        string = Shape(first=frozenset('"'))
+        string = gl.Shape(first=frozenset('"'))
         if fmt in _FORMATS:
             for dep in ("date", "time", "uuid"):
                 if dep in _FORMATS[fmt]:
                     self.primitive(dep)
             return self.add(self.name(at), rf'"\"" {_FORMATS[fmt]} "\"" space', string)
-        lo, hi = _count(schema, "minLength", 0), _count(schema, "maxLength", None)
+        lo, hi = gs.count(schema, "minLength", 0), gs.count(schema, "maxLength", None)
         if lo == 0 and hi is None:
             return self.primitive("string")
         if hi is not None and hi < lo:
@@ -390,9 +365,9 @@ def json_schema_grammar(schema: dict) -> str:
     a schema that is not a JSON object, too big, too deep, too costly to
     convert or to run (grammar_limits.py), has a $ref outside #/$defs or
     #/definitions, or a $ref cycle that matches nothing before recursing."""
-    conv = _Converter(checked(schema))
+    conv = _Converter(gs.checked(schema))
     top = conv.visit(schema, "")
-    check_rules(conv.shapes, top)
+    gl.check_rules(conv.shapes, top)
     conv.rules["root"] = top
     return conv.grammar()
 
@@ -422,10 +397,10 @@ def tool_call_grammar(tools: list[dict], style: str = "hermes", *, parallel: boo
         try:
             # Each tool has its own $defs; the content limits are per schema,
             # the work budget is the request's.
-            conv.root, conv.refs, conv.prefix = checked(params), {}, f"tool{i}-args"
+            conv.root, conv.refs, conv.prefix = gs.checked(params), {}, f"tool{i}-args"
             conv.budget.properties = conv.budget.enum_values = 0
             args = conv.visit(params, "")
-            check_rules(conv.shapes, args)
+            gl.check_rules(conv.shapes, args)
             conv.prefix = ""
             calls.append(conv.add(f"tool{i}", " ".join([
                 '"{" space', _literal("name"), 'space ":" space', _literal(name),

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from llmctl.runtime.grammar_limits import MAX_DEPTH, MAX_SCHEMA_CHARS, Budget, bad
 
+MAX_REPEAT = 1_000          # llama.cpp refuses repetitions over 2000
 TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 ANNOTATIONS = {"title", "description", "$schema", "$id", "$comment", "examples", "default",
                "deprecated", "readOnly", "writeOnly"}
@@ -20,6 +21,21 @@ KEYWORDS = {"type", "properties", "required", "additionalProperties", "items", "
 _OBJECT_KEYS = {"properties", "required", "additionalProperties"}
 _ARRAY_KEYS = {"items", "prefixItems", "minItems", "maxItems"}
 _STRING_KEYS = {"minLength", "maxLength", "format"}
+
+
+def segment(key: str) -> str:
+    """A property name as one segment of a location (JSON Pointer escapes)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def count(schema: dict, key: str, default: int | None) -> int | None:
+    """The repetition bound `key` of `schema`. Raises InvalidParams unless
+    it is an integer in [0, MAX_REPEAT]."""
+    value = schema.get(key, default)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or not 0 <= value <= MAX_REPEAT):
+        raise bad(f"{key} must be an integer in [0, {MAX_REPEAT}], got {str(value)[:60]}")
+    return value
 
 
 def implied_type(schema: dict) -> str | None:
