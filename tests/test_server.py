@@ -10,6 +10,7 @@ import time
 import httpx
 import openai
 import pytest
+from near_tie import assert_greedy_agree, top_from_openai
 
 from tests.conftest import ServerProcess
 
@@ -106,18 +107,23 @@ def test_completions_prompt_required(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
 
 
-def test_eight_parallel_greedy_streams_equal_each_alone(client):
+def test_eight_parallel_greedy_streams_equal_each_alone(client, exactness):
     prompts = [f"Say something about the number {i}." for i in range(8)]
 
     def ask(p):
         return client.chat.completions.create(
             model="smollm2", messages=[{"role": "user", "content": p}], max_tokens=20,
-            temperature=0).choices[0].message.content
+            temperature=0, logprobs=True, top_logprobs=5).choices[0]
 
     alone = [ask(p) for p in prompts]
     with cf.ThreadPoolExecutor(8) as pool:
         together = list(pool.map(ask, prompts))
-    assert together == alone
+    # The `server` fixture keeps no prefix cache, so flash attention is on:
+    # identical where this machine's rows are exact there, else up to a near-tie.
+    for ref, got in zip(alone, together):
+        content = [c.model_dump() for c in ref.logprobs.content]
+        assert_greedy_agree(exactness(flash_attn=True), [c["token"] for c in content],
+                            got.message.content, top_from_openai(content), ref.message.content)
 
 
 def _running(server) -> int:
