@@ -47,7 +47,14 @@ def nesting_depth(raw: bytes, limit: int = MAX_DEPTH) -> int:
     (escapes included) not counted; the scan stops as soon as it passes
     `limit`, so `[` x 100000 costs limit + 1 steps and no recursion. An
     unterminated string ends the scan (json.loads then refuses it)."""
+    return _scan(raw, limit)[0]
+
+
+def _scan(raw: bytes, limit: int) -> tuple[int, bytes | None]:
+    """(nesting_depth, the raw top-level key whose value it is in when it
+    passes `limit`, else None)."""
     depth = deepest = 0
+    key = None
     pos, find, rest = 0, _STRUCTURE.search, _STRING_REST.match
     while (m := find(raw, pos)) is not None:
         c = raw[m.start()]
@@ -56,24 +63,30 @@ def nesting_depth(raw: bytes, limit: int = MAX_DEPTH) -> int:
             end = rest(raw, pos)
             if end is None:
                 break
+            if depth == 1 and raw[end.end():end.end() + 64].lstrip()[:1] == b":":
+                key = raw[pos:end.end() - 1]      # a key of the body's own object
             pos = end.end()
         elif c in _OPENS:
             depth += 1
             if depth > deepest:
                 deepest = depth
                 if deepest > limit:
-                    break
+                    return deepest, key if depth > 1 else None
         else:
             depth -= 1
-    return deepest
+    return deepest, None
 
 
 def parse_json(raw: bytes) -> dict:
     """See json_body; `param` names the top-level field at fault."""
     # The body's own braces are one level more than its fields' MAX_DEPTH:
     # a body within it goes on to the walk, which names the field at fault.
-    if nesting_depth(raw, MAX_DEPTH + 1) > MAX_DEPTH + 1:
-        raise InvalidParams(f"the request body is nested deeper than {MAX_DEPTH} levels")
+    deepest, key = _scan(raw, MAX_DEPTH + 1)
+    if deepest > MAX_DEPTH + 1:
+        field = _key_name(key)
+        if field is None:
+            raise InvalidParams(f"the request body is nested deeper than {MAX_DEPTH} levels")
+        raise InvalidParams(f"'{field}' is nested deeper than {MAX_DEPTH} levels", param=field)
     try:
         body = json.loads(raw)
     except RecursionError:
@@ -86,6 +99,17 @@ def parse_json(raw: bytes) -> dict:
         # The name goes back in the error body, which must itself encode.
         _check(key.encode("utf-8", "backslashreplace").decode("utf-8"), key, value)
     return body
+
+
+def _key_name(key: bytes | None) -> str | None:
+    """A raw JSON key as the text an error may name; None if it isn't one."""
+    if key is None:
+        return None
+    try:
+        name = json.loads(b'"' + key + b'"')
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return name.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _check(field: str, key: str, root) -> None:
