@@ -137,9 +137,8 @@ def _engine_trouble(entry: Loaded) -> str | None:
     engine = entry.llm.engine
     if not engine.alive:
         return f"the engine of {entry.name!r} has stopped: {engine.failure}"
-    stalled = getattr(engine, "stalled", None)
-    why = stalled() if stalled is not None else None
-    return f"the engine of {entry.name!r} is stalled: {why}" if why else None
+    why = engine.stalled()      # has work and made no step for LLMCTL_ENGINE_STALL_S
+    return f"model {entry.name!r}: {why}" if why else None
 
 
 def _undo(pool: ModelPool, got: Reservation) -> None:
