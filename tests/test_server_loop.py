@@ -23,12 +23,12 @@ BOOT = """
 import sys, time
 import llmctl.runtime.grammar as g
 visit = g._Converter.visit
-def spin(self, schema, name):
+def spin(self, schema, *args, **kwargs):
     if isinstance(schema, dict) and schema.get("description") == "slow":
         end = time.monotonic() + 120
         while time.monotonic() < end:
             pass
-    return visit(self, schema, name)
+    return visit(self, schema, *args, **kwargs)
 g._Converter.visit = spin
 from llmctl.cli.app import main
 sys.argv = ["llmctl", *sys.argv[1:]]
