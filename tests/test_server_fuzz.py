@@ -109,3 +109,80 @@ def test_fuzzed_bodies_never_get_a_5xx(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     r = client.chat.completions.create(model="smollm2", messages=MSG, max_tokens=4)
     assert r.choices[0].message.content and r.usage.completion_tokens >= 1
+
+
+# --- schema mode: generated JSON Schemas through all three ways in ----------
+
+N_SCHEMAS = 1002            # a third each as response_format, tool parameters, Ollama format
+SCHEMA_BATCH = 50
+PLAIN_CHAT_S = 10.0         # the issue's bound on a plain chat after each batch
+SCHEMA_TIMEOUT_S = 60.0     # a hang fails the test instead of the suite
+
+
+@pytest.fixture(scope="module")
+def schema_server(session_home):
+    # A short stall window, so a wedged engine shows on /health within a batch.
+    with Server.llmctl_serve("smollm2", "--ctx-size", "2048", "--max-num-seqs", "2",
+                             "--threads", "1", "--no-prefix-cache",
+                             env={"LLMCTL_HOME": str(session_home),
+                                  "LLMCTL_ENGINE_STALL_S": "5"}) as srv:
+        yield srv
+
+
+def schema_request(i: int, schema) -> tuple[str, dict]:
+    """Schema I sent one of the three ways, with a few tokens to generate so
+    the grammar really constrains sampling."""
+    msgs = [{"role": "user", "content": "Answer in JSON."}]
+    if i % 3 == 0:
+        return "/v1/chat/completions", {
+            "messages": msgs, "max_tokens": 8, "temperature": 0,
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "s", "schema": schema}}}
+    if i % 3 == 1:
+        return "/v1/chat/completions", {
+            "messages": msgs, "max_tokens": 8, "temperature": 0, "tool_choice": "required",
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}]}
+    return "/api/chat", {"messages": msgs, "stream": False, "format": schema,
+                         "options": {"num_predict": 8, "temperature": 0}}
+
+
+def plain_chat_answers(http: httpx.Client) -> str | None:
+    """None when a plain chat answers within PLAIN_CHAT_S, else why not."""
+    try:
+        r = http.post("/v1/chat/completions", timeout=PLAIN_CHAT_S,
+                      json={"messages": MSG, "max_tokens": 2})
+    except httpx.TransportError as e:
+        return f"{type(e).__name__}: {e}"
+    return None if r.status_code == 200 else f"{r.status_code}: {r.text[:200]}"
+
+
+@pytest.mark.slow
+def test_fuzzed_schemas_never_wedge_or_5xx(schema_server):
+    from test_grammar_limits import gen_schema
+
+    rng = random.Random(SEED)
+    failures, statuses = [], {}
+    with httpx.Client(base_url=schema_server.url, timeout=SCHEMA_TIMEOUT_S) as http:
+        for start in range(0, N_SCHEMAS, SCHEMA_BATCH):
+            for i in range(start, min(start + SCHEMA_BATCH, N_SCHEMAS)):
+                schema = gen_schema(rng)
+                path, body = schema_request(i, schema)
+                try:
+                    r = http.post(path, json=body)
+                except httpx.TransportError as e:
+                    failures.append((path, json.dumps(schema)[:300], type(e).__name__))
+                    continue
+                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+                if r.status_code >= 500:
+                    failures.append((path, json.dumps(schema)[:300], r.status_code, r.text[:300]))
+            why = plain_chat_answers(http)
+            health = http.get("/health", timeout=PLAIN_CHAT_S)
+            if why is not None:
+                failures.append(("plain chat after batch", start, why, health.status_code,
+                                 health.text[:200]))
+                assert health.status_code != 200, "/health says ok while chat makes no progress"
+                break
+    print(f"\nschema fuzz: {N_SCHEMAS} schemas, statuses {dict(sorted(statuses.items()))}")
+    assert not failures, "\n".join(map(repr, failures[:10]))
+    # Both outcomes were exercised: schemas that constrain answers and refusals.
+    assert statuses.get(200, 0) >= N_SCHEMAS // 10 and statuses.get(400, 0) >= 10
