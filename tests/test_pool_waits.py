@@ -36,12 +36,13 @@ def test_waiting_for_room_holds_no_thread_and_a_cancelled_waiter_leaks_nothing()
 
     async def scenario():
         held = await state.lease("smollm2")
-        threads = threading.active_count()
         waiters = [asyncio.create_task(state.lease("gemma3-270m")) for _ in range(12)]
         await asyncio.sleep(1.0)
         assert not any(w.done() for w in waiters)
-        # Twelve waiters, no thread each; the query workers are free.
-        assert threading.active_count() - threads < 4
+        # Twelve waiters, and no thread waits in the pool for them (before the
+        # fix, every thread of asyncio's executor sat in ModelPool._wait);
+        # the query workers are free.
+        assert _threads_waiting_in_the_pool() == 0
         assert await asyncio.wait_for(run_on(state.workers.query, lambda: "free"), 10) == "free"
         waiters[0].cancel()
         held.release()
@@ -60,6 +61,20 @@ def test_waiting_for_room_holds_no_thread_and_a_cancelled_waiter_leaks_nothing()
     finally:
         pool.close()
         state.workers.shutdown()
+
+
+def _threads_waiting_in_the_pool() -> int:
+    """Threads whose stack is inside one of ModelPool's blocking waits."""
+    waits = {"_wait", "_wait_or_reserve", "acquire"}
+    count = 0
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            code = frame.f_code
+            if code.co_filename.endswith("pool.py") and code.co_name in waits:
+                count += 1
+                break
+            frame = frame.f_back
+    return count
 
 
 def test_a_wait_past_the_pool_limit_is_models_busy():
