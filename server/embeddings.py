@@ -93,13 +93,10 @@ async def embed_watched(request: Request, embed: Callable, *args, **kwargs):
     client is gone."""
     flag = CancelFlag()
     watcher = asyncio.create_task(cancel_on_disconnect(request, [flag]))
-    # Embeddings' own executor when the app has one, so a long request never
-    # holds a thread that renders or parses other requests.
-    executor = getattr(state_of(request).workers, "embed", None)
+    # Embeddings' own executor, so a long request never holds a thread that
+    # renders or parses other requests.
     try:
-        if executor is None:
-            return await asyncio.to_thread(embed, *args, **kwargs, cancel=flag)
-        return await run_on(executor, embed, *args, **kwargs, cancel=flag)
+        return await run_on(state_of(request).workers.embed, embed, *args, **kwargs, cancel=flag)
     finally:
         watcher.cancel()
 

@@ -20,7 +20,7 @@ def _histogram(name: str, h: Histogram) -> list[str]:
     return lines
 
 
-def _gauge(name: str, value: int, kind: str = "gauge") -> list[str]:
+def _gauge(name: str, value: int | str, kind: str = "gauge") -> list[str]:
     return [f"# TYPE {_P}_{name} {kind}", f"{_P}_{name} {value}"]
 
 
@@ -40,6 +40,12 @@ def render(stats: Stats, models_loaded: int) -> str:
         *_gauge("spec_drafted_tokens_total", stats.spec_drafted, "counter"),
         *_gauge("spec_accepted_tokens_total", stats.spec_accepted, "counter"),
         *_gauge("spec_steps_total", stats.spec_steps, "counter"),
+        f"# TYPE {_P}_embedding_requests_total counter",
+        *(f'{_P}_embedding_requests_total{{status="{k}"}} {v}'
+          for k, v in stats.embed_requests.items()),
+        *_gauge("embedding_tokens_total", stats.embed_tokens, "counter"),
+        # A stuck step shows here before /health's stall window calls it one.
+        *_gauge("engine_step_age_seconds", f"{stats.step_age_s:.3f}"),
         *_histogram(f"{_P}_time_to_first_token_seconds", stats.ttft),
         *_histogram(f"{_P}_inter_token_latency_seconds", stats.itl),
     ]

@@ -89,7 +89,7 @@ PARSE_DEADLINE_S = float(config.env("PARSE_DEADLINE_S", "10"))
 @dataclass
 class Workers:
     """One app's executors. Sizes (LLMCTL_WORKERS_PARSE, _RENDER, _LOAD,
-    _QUERY) default to what one machine's cores can keep busy; requests
+    _QUERY, _EMBED) default to what one machine's cores can keep busy; requests
     beyond them queue on the asyncio side, holding no thread."""
 
     parse: DaemonExecutor = field(default_factory=lambda: DaemonExecutor(
@@ -100,10 +100,14 @@ class Workers:
         "llmctl-load", _env_int("WORKERS_LOAD", 2)))
     query: DaemonExecutor = field(default_factory=lambda: DaemonExecutor(
         "llmctl-query", _env_int("WORKERS_QUERY", 4)))
+    # Embedding requests take turns per batch on one lock, so more threads
+    # than this only queue there.
+    embed: DaemonExecutor = field(default_factory=lambda: DaemonExecutor(
+        "llmctl-embed", _env_int("WORKERS_EMBED", 2)))
     parse_deadline_s: float = PARSE_DEADLINE_S
 
     def shutdown(self) -> None:
-        for executor in (self.parse, self.render, self.load, self.query):
+        for executor in (self.parse, self.render, self.load, self.query, self.embed):
             executor.shutdown()
 
 

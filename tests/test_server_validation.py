@@ -184,7 +184,8 @@ def test_non_finite_numbers_are_400(server, raw, param):
 
 
 def test_deep_nesting_is_400_not_500(server):
-    assert_error(post(server, b'{"messages": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"), 400)
+    assert_error(post(server, b'{"messages": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"), 400,
+                 "messages")
     assert_error(post(server, {"messages": MSG, "metadata": json.loads("[" * 500 + "]" * 500)}),
                  400, "metadata")
 
