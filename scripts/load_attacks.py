@@ -131,6 +131,12 @@ async def run_arm(srv: Server, args, attacks: bool) -> dict:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=32)
     async with httpx.AsyncClient(limits=limits, timeout=HEALTHY_TIMEOUT_S) as http:
         model = (await http.get(srv.url + "/v1/models")).json()["data"][0]["id"]
+        # The embeddings context and its compute buffer (bounded by
+        # runtime/embed.py's LOGITS_BUDGET) are allocated on first large use:
+        # one full batch in both arms, so RSS growth counts what the attacks
+        # cost, not a feature's one-time set-up.
+        await http.post(srv.url + "/v1/embeddings",
+                        json={"model": model, "input": ["word " * 900] * 2})
         warm_until = time.monotonic() + 10
         await asyncio.gather(*(healthy(http, srv.url, model, i, args, Arm(), warm_until)
                                for i in range(args.clients)))
