@@ -23,9 +23,10 @@ _SETTINGS = (("flash attention off (serve's default)", False), ("flash attention
 
 @handle_errors
 def info(json: o.Json = False, no_exactness: NoExactness = False) -> None:
-    """Show the backend build, threads, memory and GPUs, and whether greedy
-    answers are bit-exact across batch shapes on this machine (measured:
-    docs/exactness.md).
+    """Show the backend build, threads, memory and GPUs.
+
+    Also whether greedy answers are bit-exact across batch shapes on this
+    machine, measured on the default model (docs/exactness.md).
 
     Example: llmctl info --json
     """
