@@ -86,12 +86,13 @@ class LoadOptions:
         alone in its ubatch with 512+ KV cells takes a split-KV kernel, and
         beside other sequences a per-row one, so logits depend on which
         requests run together (measured: concurrent != alone, off: equal).
-        So auto keeps it off while the cache is on (bit-exact hits at any
-        concurrency); on is faster, and hits match a cold prefill run in the
-        same company.
+        So auto keeps it off while the cache is on (hits independent of
+        concurrency, and bit-exact where `llmctl info` measures this CPU's
+        rows exact: docs/exactness.md); on is faster, and hits match a cold
+        prefill run in the same company.
 
         A quantized KV cache needs it (llama.cpp has no other kernel for a
-        quantized V), so auto turns it on there (issue 14)."""
+        quantized V), so auto turns it on there."""
         if self.flash_attn is not None:
             return self.flash_attn
         return self.kv_type != "f16" or not self.prefix_cache

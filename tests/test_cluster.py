@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from near_tie import assert_greedy_agree, top_from_openai
 
 from conftest import smollm2_file
 from llmctl.cluster.affinity import AFFINITY_CHARS, affinity_key, owner
@@ -195,9 +196,9 @@ def test_a_repeated_prefix_goes_to_the_same_replica(cluster):
 
 
 @pytest.mark.slow
-def test_a_prefix_computed_on_one_replica_is_a_disk_hit_on_the_other(cluster):
+def test_a_prefix_computed_on_one_replica_is_a_disk_hit_on_the_other(cluster, exactness):
     client, cache = cluster
-    body = _chat(TENANT.format(n="disk"), "Who are you?")
+    body = _chat(TENANT.format(n="disk"), "Who are you?", logprobs=True, top_logprobs=5)
     first = client.post("/v1/chat/completions", json=body)
     assert first.status_code == 200
     a = first.headers["x-llmctl-replica"]
@@ -206,7 +207,13 @@ def test_a_prefix_computed_on_one_replica_is_a_disk_hit_on_the_other(cluster):
     second = client.post("/v1/chat/completions", json=body, headers={"x-llmctl-replica": b})
     assert second.headers["x-llmctl-replica"] == b
     assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 256
-    assert second.json()["choices"][0]["message"] == first.json()["choices"][0]["message"]
+    # The hit computes the prompt's tail in other batch shapes: identical
+    # where this machine's rows are exact, else the same up to a near-tie.
+    ref, hit = first.json()["choices"][0], second.json()["choices"][0]
+    content = ref["logprobs"]["content"]
+    assert_greedy_agree(exactness(flash_attn=False), [c["token"] for c in content],
+                        hit["message"]["content"], top_from_openai(content),
+                        ref["message"]["content"])
     disk = _poll(lambda: _stats(client)["replicas"][b]["prefix_cache_hit_tokens_disk"],
                  "replica B's disk hit in its report")
     assert disk >= 256
