@@ -9,10 +9,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from llmctl.errors import InvalidParams
+from llmctl.runtime.grammar_limits import MAX_GRAMMAR_CHARS
 
-# GBNF text is compiled by llama.cpp for every request that carries it; a
-# schema-derived grammar is a few KiB, so this only stops abuse.
-MAX_GRAMMAR_CHARS = 200_000
+# GBNF text is compiled by llama.cpp for every request that carries it; its
+# bound is the converter's own (MAX_GRAMMAR_CHARS), so a grammar built from
+# a schema always fits.
 MAX_TRIGGERS = 16
 MAX_LOGIT_BIAS = 1024
 # OpenAI allows 20 alternatives per token; each costs a detokenize per step.
