@@ -683,8 +683,11 @@ class Sampler:
         self._stateless = not (params.repeat_penalty != 1.0 or params.frequency_penalty
                                or params.presence_penalty)
         if not self._stateless:
+            # llama.cpp sizes a ring buffer by the window: no window is longer
+            # than the model's context, whatever a caller validated it against.
+            window = min(params.repeat_last_n, model.n_ctx_train or params.repeat_last_n)
             add(lc.llama_sampler_init_penalties(
-                model.n_vocab, params.repeat_last_n, params.repeat_penalty,
+                model.n_vocab, window, params.repeat_penalty,
                 params.frequency_penalty, params.presence_penalty))
         if params.greedy:
             add(lc.llama_sampler_init_greedy())
