@@ -13,6 +13,26 @@ def env(name: str, default: str | None = None) -> str | None:
     return value if value not in (None, "") else default
 
 
+def positive(name: str, default: float, *, integer: bool = False, unit: str = "") -> float:
+    """`LLMCTL_<NAME>` as a positive number (an integer when `integer`),
+    else `default`. Raises UsageError naming the variable: a setting is the
+    operator's mistake, so `serve` checks them all before it listens."""
+    from llmctl.errors import UsageError
+
+    raw = env(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        value = -1
+    if not value > 0 or value != value or value == float("inf"):
+        kind = "integer" if integer else "number"
+        raise UsageError(f"LLMCTL_{name} must be a positive {kind}{' of ' + unit if unit else ''}, "
+                         f"got {raw[:40]!r}")
+    return value
+
+
 def home() -> Path:
     """The store root: `LLMCTL_HOME`, else `$XDG_CACHE_HOME/llmctl`."""
     root = env("HOME")

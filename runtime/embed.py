@@ -68,12 +68,8 @@ def pooling_for(model: LlamaModel) -> str:
 
 def max_request_tokens() -> int:
     """Tokens one request may embed: LLMCTL_EMBED_MAX_TOKENS, else 65,536.
-    Raises InvalidParams for a value that is not a positive integer."""
-    raw = config.env("EMBED_MAX_TOKENS", str(DEFAULT_MAX_REQUEST_TOKENS))
-    if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
-        raise InvalidParams("LLMCTL_EMBED_MAX_TOKENS must be a positive integer",
-                            param="LLMCTL_EMBED_MAX_TOKENS")
-    return int(raw)
+    Raises UsageError for a value that is not a positive integer."""
+    return int(config.positive("EMBED_MAX_TOKENS", DEFAULT_MAX_REQUEST_TOKENS, integer=True))
 
 
 class Cancelled(LlmctlError):

@@ -48,18 +48,10 @@ class _Stream:
         self.logprobs: list[TokenLogprob] = []
 
 
-def _stall_s() -> float:
-    """LLMCTL_ENGINE_STALL_S, else 60. Raises InvalidParams for a value that
-    is not a positive number."""
-    raw = config.env("ENGINE_STALL_S", "60")
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise InvalidParams("LLMCTL_ENGINE_STALL_S must be a positive number of seconds",
-                            param="LLMCTL_ENGINE_STALL_S")
-    return value
+def stall_limit_s() -> float:
+    """LLMCTL_ENGINE_STALL_S, else 60. Raises UsageError for a value that is
+    not a positive number."""
+    return config.positive("ENGINE_STALL_S", 60.0, unit="seconds")
 
 
 class Engine:
@@ -70,13 +62,13 @@ class Engine:
     `stall_s` (else LLMCTL_ENGINE_STALL_S) is how long a step may take
     before the engine counts as stalled; `grammar_budget` (else
     LLMCTL_GRAMMAR_BUDGET_MS and _TOTAL_MS) bounds each request's grammar
-    work. The constructor raises InvalidParams for a bad variable."""
+    work. The constructor raises UsageError for a bad variable."""
 
     def __init__(self, model: LlamaModel, opts: LoadOptions, shape: EngineShape,
                  prefix_cache: Any = None, draft_model: LlamaModel | None = None, *,
                  stall_s: float | None = None, grammar_budget: GrammarBudget | None = None):
         self.model = model
-        self.stall_s = stall_s if stall_s is not None else _stall_s()
+        self.stall_s = stall_s if stall_s is not None else stall_limit_s()
         self.grammar_budget = grammar_budget or GrammarBudget.from_env()
         # When the engine last finished a step, or last got work while idle.
         self._progress_at = time.monotonic()

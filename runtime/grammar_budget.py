@@ -42,23 +42,13 @@ class GrammarBudget:
     @classmethod
     def from_env(cls) -> "GrammarBudget":
         """LLMCTL_GRAMMAR_BUDGET_MS and LLMCTL_GRAMMAR_TOTAL_MS, else the
-        defaults. Raises InvalidParams for a value that is not a positive
-        number (param names the variable)."""
+        defaults. Raises UsageError for a value that is not a positive
+        number."""
         return cls(_ms("GRAMMAR_BUDGET_MS", cls.token_ms), _ms("GRAMMAR_TOTAL_MS", cls.total_ms))
 
 
 def _ms(name: str, default: float) -> float:
-    raw = config.env(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise InvalidParams(f"LLMCTL_{name} must be a positive number of milliseconds",
-                            param=f"LLMCTL_{name}")
-    return value
+    return config.positive(name, default, unit="milliseconds")
 
 
 def _too_ambiguous(detail: str) -> InvalidParams:

@@ -53,6 +53,19 @@ def _aliases(name: str, path_stem: str) -> set[str]:
     return names
 
 
+def check_settings() -> None:
+    """Read every LLMCTL_* number the server reads later, so a bad one stops
+    `serve` before it listens instead of failing a client's request. Raises
+    UsageError naming the variable."""
+    from llmctl.runtime.embed import max_request_tokens
+    from llmctl.runtime.engine import stall_limit_s
+    from llmctl.runtime.grammar_budget import GrammarBudget
+
+    stall_limit_s()
+    GrammarBudget.from_env()
+    max_request_tokens()
+
+
 def check_port(host: str, port: int) -> None:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -74,6 +87,7 @@ def serve(model: str | None, host: str, port: int, load: LoadOptions,
     import uvicorn
 
     settings = settings or PoolSettings()
+    check_settings()
     resolved = resolve_model(model) if model else None
     if resolved is not None:
         check_draft(resolved, load)     # a bad draft pair fails now, not after listening

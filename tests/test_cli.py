@@ -2,9 +2,11 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from llmctl.cli.app import app
@@ -115,3 +117,18 @@ def test_second_architecture_gemma3(tmp_path):
     assert r.stdout.strip()
     shown = json.loads(invoke("show", "gemma3-270m", "--json").stdout)
     assert shown["architecture"] == "gemma3" and shown["quant"] == "Q4_K_M"
+
+
+@pytest.mark.parametrize("name,value", [("ENGINE_STALL_S", "soon"), ("GRAMMAR_BUDGET_MS", "0"),
+                                        ("EMBED_MAX_TOKENS", "1.5")])
+def test_serve_refuses_a_bad_setting_before_it_listens(monkeypatch, name, value):
+    # A setting is the operator's mistake: one line at start, not a client's 400 later.
+    monkeypatch.setenv(f"LLMCTL_{name}", value)
+    # A port already taken: should the check be skipped, serve fails fast
+    # on the port instead of serving forever.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        r = invoke("serve", "smollm2", "--port", str(taken.getsockname()[1]))
+    assert r.exit_code == 2
+    assert f"LLMCTL_{name}" in r.stderr and "Traceback" not in r.output

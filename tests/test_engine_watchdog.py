@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from conftest import smollm2_file
-from llmctl.errors import InvalidParams
+from llmctl.errors import InvalidParams, UsageError
 from llmctl.runtime.grammar_budget import GrammarBudget, GrammarClock
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
@@ -186,7 +186,7 @@ def test_the_budget_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("LLMCTL_GRAMMAR_TOTAL_MS", "900")
     assert GrammarBudget.from_env() == GrammarBudget(150.0, 900.0)
     monkeypatch.setenv("LLMCTL_GRAMMAR_BUDGET_MS", "-1")
-    with pytest.raises(InvalidParams, match="LLMCTL_GRAMMAR_BUDGET_MS"):
+    with pytest.raises(UsageError, match="LLMCTL_GRAMMAR_BUDGET_MS"):
         GrammarBudget.from_env()
 
 
@@ -240,12 +240,13 @@ def test_the_stall_limit_comes_from_the_environment(monkeypatch, engine_llm):
     from llmctl.runtime import engine as engine_module
 
     monkeypatch.setenv("LLMCTL_ENGINE_STALL_S", "7.5")
-    assert engine_module._stall_s() == 7.5
-    monkeypatch.setenv("LLMCTL_ENGINE_STALL_S", "soon")
-    with pytest.raises(InvalidParams, match="LLMCTL_ENGINE_STALL_S"):
-        engine_module._stall_s()
+    assert engine_module.stall_limit_s() == 7.5
+    for bad in ("soon", "0", "-3", "nan", "inf"):
+        monkeypatch.setenv("LLMCTL_ENGINE_STALL_S", bad)
+        with pytest.raises(UsageError, match="LLMCTL_ENGINE_STALL_S"):
+            engine_module.stall_limit_s()
     monkeypatch.delenv("LLMCTL_ENGINE_STALL_S")
-    assert engine_module._stall_s() == 60.0
+    assert engine_module.stall_limit_s() == 60.0
 
 
 async def _get(app, path: str) -> httpx.Response:
