@@ -1,18 +1,24 @@
 """Request bodies: read and parse JSON from an untrusted client, refusing
 what Python's json module accepts but no JSON peer could send back or
 handle: NaN/Infinity, lone UTF-16 surrogates and absurd nesting. Nesting
-is measured on the raw bytes before anything recurses, and a large body
-is parsed on a parse worker, off the event loop."""
+is measured on the raw bytes, at C speed, before anything recurses, and a
+large body is parsed on a body worker, off the event loop, under a
+deadline."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import math
 import re
+import threading
 
+import numpy as np
 from fastapi import Request
 
+from llmctl import config
 from llmctl.errors import InvalidParams
+from llmctl.server.workers import BODY_DEADLINE_S, QUEUE_PER_WORKER, DaemonExecutor, run_with_deadline
 
 # Deeper than any real request; the walk below is iterative, but code
 # further on (templates, json.dumps) recurses.
@@ -23,60 +29,122 @@ MAX_DEPTH = 64
 # for no more than a couple of hand-offs.
 INLINE_BYTES = 16 << 10
 _CONSTANTS = {math.inf: "Infinity", -math.inf: "-Infinity"}
-# A bracket or a string's opening quote; the rest of the body is skipped in C.
-_STRUCTURE = re.compile(rb'[\[\]{}"]')
-# The rest of a string after its opening quote, through the closing one.
-_STRING_REST = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_OPENS = frozenset(b"[{")
+# A whole string, escapes included; each becomes one STRING byte before the
+# brackets are counted, so brackets inside strings never count.
+_STRING_RE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_STRING = b"\x01"          # never valid outside a JSON string
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+# What could parse to a non-finite float or a lone surrogate: NaN, Infinity,
+# an exponent or a 309-digit number (1e999 is inf), a \\uD800-\\uDFFF
+# escape or UTF-8-encoded surrogate bytes (json.loads passes them). A body
+# with none of them skips the Python walk; strings may match (harmlessly).
+_MAYBE_BAD = re.compile(rb"NaN|Infinity|[0-9][eE]|[0-9]{309}|\\[uU][dD][89a-fA-F]|\xed[\xa0-\xbf]")
+_KEY_END = re.compile(rb"\x01\s*:\s*$")
 
 
 async def json_body(request: Request) -> dict:
-    """The body as a JSON object, parsed on the app's parse workers when it
-    is large. Raises InvalidParams when it is not one, or holds a non-finite
-    number, a lone surrogate or nesting over MAX_DEPTH; PayloadTooLarge
-    (from the body cap) propagates."""
+    """The body as a JSON object, parsed on the app's body workers when it
+    is large. Raises InvalidParams when it is not one, holds a non-finite
+    number, a lone surrogate or nesting over MAX_DEPTH, or takes its worker
+    past the deadline; ServerBusy when the body workers are too busy to
+    start it; PayloadTooLarge (from the body cap) propagates."""
     raw = await request.body()
     workers = getattr(getattr(request.app.state, "llmctl", None), "workers", None)
-    if len(raw) <= INLINE_BYTES or workers is None:
-        return parse_json(raw)
-    from llmctl.server.workers import run_on
+    if workers is None:
+        return await parse_body(raw)
+    return await parse_body(raw, workers.body, workers.body_deadline_s)
 
-    return await run_on(workers.parse, parse_json, raw)
+
+_shared: list[DaemonExecutor] = []
+_shared_lock = threading.Lock()
+
+
+def shared_executor() -> DaemonExecutor:
+    """This process's body workers, for a process without Workers (the
+    cluster ingress): LLMCTL_WORKERS_BODY threads (2), 4 queued per thread."""
+    with _shared_lock:
+        if not _shared:
+            size = max(1, int(config.env("WORKERS_BODY", "2")))
+            _shared.append(DaemonExecutor("llmctl-body", size, QUEUE_PER_WORKER * size))
+        return _shared[0]
+
+
+async def parse_body(raw: bytes, executor: cf.Executor | None = None,
+                     deadline_s: float = BODY_DEADLINE_S) -> dict:
+    """parse_json(raw): inline up to INLINE_BYTES, else on `executor`
+    (shared_executor() when None) under `deadline_s`, counted from when a
+    worker starts it. Raises what parse_json raises, InvalidParams past the
+    deadline and ServerBusy when the executor is too busy to start it."""
+    if len(raw) <= INLINE_BYTES:
+        return parse_json(raw)
+    try:
+        return await run_with_deadline(executor or shared_executor(), deadline_s, parse_json, raw)
+    except TimeoutError:
+        raise InvalidParams(f"the request body took longer than {deadline_s:g} s to "
+                            "parse") from None
 
 
 def nesting_depth(raw: bytes, limit: int = MAX_DEPTH) -> int:
     """How deeply `raw`'s arrays and objects nest, brackets inside strings
-    (escapes included) not counted; the scan stops as soon as it passes
-    `limit`, so `[` x 100000 costs limit + 1 steps and no recursion. An
-    unterminated string ends the scan (json.loads then refuses it)."""
-    return _scan(raw, limit)[0]
+    (escapes included) not counted, capped at `limit` + 1; an unterminated
+    string ends the count (json.loads then refuses it). Every step runs in
+    C (re, bytes.translate, numpy): no recursion, and no Python loop over
+    the body."""
+    return min(_scan(raw, limit)[0], limit + 1)
+
+
+def _strip(raw: bytes) -> bytes:
+    """`raw` with each string as one _STRING byte, cut at an unterminated one."""
+    text = _STRING_RE.sub(_STRING, raw)
+    cut = text.find(b'"')       # a quote no string matched: the rest is unterminated
+    return text if cut < 0 else text[:cut]
+
+
+def _depths(text: bytes) -> np.ndarray:
+    """The nesting depth after each of `text`'s bytes (its brackets only)."""
+    a = np.frombuffer(text, np.uint8)
+    return np.cumsum(np.where((a == 0x5B) | (a == 0x7B), 1, -1).astype(np.int32))
 
 
 def _scan(raw: bytes, limit: int) -> tuple[int, bytes | None]:
-    """(nesting_depth, the raw top-level key whose value it is in when it
+    """(nesting depth, the raw top-level key whose value it is in when it
     passes `limit`, else None)."""
-    depth = deepest = 0
-    key = None
-    pos, find, rest = 0, _STRUCTURE.search, _STRING_REST.match
-    while (m := find(raw, pos)) is not None:
-        c = raw[m.start()]
-        pos = m.end()
-        if c == 0x22:           # '"': skip the string whole
-            end = rest(raw, pos)
-            if end is None:
-                break
-            if depth == 1 and raw[end.end():end.end() + 64].lstrip()[:1] == b":":
-                key = raw[pos:end.end() - 1]      # a key of the body's own object
-            pos = end.end()
-        elif c in _OPENS:
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > limit:
-                    return deepest, key if depth > 1 else None
-        else:
-            depth -= 1
-    return deepest, None
+    text = _strip(raw)
+    brackets = text.translate(None, _NOT_BRACKETS)
+    if len(brackets) <= limit:      # too few to nest past it
+        return (int(_depths(brackets).max(initial=0)), None)
+    deepest = int(_depths(brackets).max(initial=0))
+    if deepest <= limit:
+        return deepest, None
+    return deepest, _deep_key(raw, text, limit)
+
+
+def _deep_key(raw: bytes, text: bytes, limit: int) -> bytes | None:
+    """The raw top-level key (of the body's own object) whose value nests
+    past `limit`; None when the body is no object or the key is not found.
+    Only bodies already refused come here."""
+    a = np.frombuffer(text, np.uint8)
+    is_bracket = (a == 0x5B) | (a == 0x7B) | (a == 0x5D) | (a == 0x7D)
+    if not is_bracket.any() or a[is_bracket.argmax()] != 0x7B:
+        return None             # the body is not an object
+    depth = np.cumsum(np.where((a == 0x5B) | (a == 0x7B), 1,
+                               np.where(is_bracket, -1, 0)).astype(np.int32))
+    past = int(np.argmax(depth > limit))
+    # The last bracket before `past` that opened a top-level field's value.
+    opened = np.flatnonzero((depth[:past + 1] == 2) & ((a[:past + 1] == 0x5B)
+                                                       | (a[:past + 1] == 0x7B)))
+    if not len(opened):
+        return None
+    start = int(opened[-1])
+    m = _KEY_END.search(text, max(0, start - 4096), start)
+    if m is None:
+        return None
+    nth = text.count(_STRING, 0, m.start())     # the key is raw's string number nth
+    # Skip nth strings and what lies between them, all in one C match.
+    skip = re.compile(rb'(?:[^"]*' + _STRING_RE.pattern + rb"){%d}[^\"]*" % nth, re.DOTALL)
+    at = skip.match(raw)
+    key = _STRING_RE.match(raw, at.end()) if at else None
+    return key.group()[1:-1] if key else None
 
 
 def parse_json(raw: bytes) -> dict:
@@ -97,6 +165,8 @@ def parse_json(raw: bytes) -> dict:
         raise InvalidParams("the request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise InvalidParams("the request body must be a JSON object")
+    if _MAYBE_BAD.search(raw) is None:
+        return body             # nesting is already checked; nothing else can be wrong
     for key, value in body.items():
         # The name goes back in the error body, which must itself encode.
         _check(key.encode("utf-8", "backslashreplace").decode("utf-8"), key, value)
