@@ -1,7 +1,14 @@
 """The server's own worker threads, by kind, so one kind of blocking work
-can never starve another: parsing requests (JSON and grammar conversion,
-under a deadline), rendering and tokenizing prompts, loading models, and
-small pool and store queries (/api/tags, /api/ps, room for a model).
+can never starve another: parsing large request bodies and converting
+requests (validation and grammars), each under a deadline, rendering and
+tokenizing prompts, resolving model names (which may join a model's part
+files), loading models, and small pool and store queries (/api/tags,
+/api/ps, room for a model).
+
+A deadline counts from the moment a worker starts the call. Work still
+queued when its deadline passes, or submitted past an executor's queue
+bound, is refused with ServerBusy (503 and Retry-After): the server is
+overloaded, and the client is not to blame.
 
 asyncio's default executor is not used: its threads are shared by every
 to_thread call and joined at exit, so a stuck call there would hold up
@@ -16,30 +23,55 @@ import concurrent.futures as cf
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from llmctl import config
-from llmctl.errors import InvalidParams
+from llmctl.errors import InvalidParams, ModelsBusy
+
+
+class ServerBusy(ModelsBusy):
+    """The server's workers of one kind are all busy and their queue is
+    full, or the work waited in it past its deadline; the request may be
+    retried. A ModelsBusy, so that it is a 503 with Retry-After."""
+
+    code = "server_busy"
 
 
 class DaemonExecutor(cf.Executor):
-    """A bounded pool of daemon threads named `name`-N, started on demand.
+    """A bounded pool of daemon threads named `name`-N, started on demand,
+    with at most `max_queued` calls waiting for one (None: no bound).
     `shutdown` never waits for a running call: a thread stuck forever ends
     with the process."""
 
-    def __init__(self, name: str, max_workers: int):
-        self.name, self.max_workers = name, max_workers
+    def __init__(self, name: str, max_workers: int, max_queued: int | None = None):
+        self.name, self.max_workers, self.max_queued = name, max_workers, max_queued
         self._lock = threading.Lock()
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._idle = 0
 
+    @property
+    def queued(self) -> int:
+        """Calls waiting for a worker (cancelled ones not yet dropped included)."""
+        return self._work.qsize()
+
+    @property
+    def busy(self) -> int:
+        """Workers running a call now."""
+        with self._lock:
+            return len(self._threads) - self._idle
+
     def submit(self, fn: Callable, /, *args, **kwargs) -> cf.Future:
         """Run fn(*args, **kwargs) on a worker; past max_workers busy ones
-        it waits in a queue."""
+        it waits in a queue. Raises ServerBusy when `max_queued` calls wait
+        already (each may hold a request body)."""
         future: cf.Future = cf.Future()
         with self._lock:
+            if self.max_queued is not None and self._work.qsize() >= self.max_queued:
+                raise ServerBusy(f"the server is busy: {self.max_queued} requests already wait "
+                                 f"for its {self.name} workers")
             self._work.put((future, fn, args, kwargs))
             if self._idle:
                 self._idle -= 1         # that idle thread takes it
@@ -84,18 +116,37 @@ def _env_int(name: str, default: int) -> int:
 
 
 PARSE_DEADLINE_S = float(config.env("PARSE_DEADLINE_S", "10"))
+BODY_DEADLINE_S = float(config.env("BODY_DEADLINE_S", "10"))
+# Calls that may wait per worker: past it a request is refused at once
+# rather than queued holding its body.
+QUEUE_PER_WORKER = 4
+
+
+def _bounded(name: str, env: str, default: int) -> DaemonExecutor:
+    size = _env_int(env, default)
+    return DaemonExecutor(name, size, max_queued=QUEUE_PER_WORKER * size)
 
 
 @dataclass
 class Workers:
-    """One app's executors. Sizes (LLMCTL_WORKERS_PARSE, _RENDER, _LOAD,
-    _QUERY, _EMBED) default to what one machine's cores can keep busy; requests
-    beyond them queue on the asyncio side, holding no thread."""
+    """One app's executors. Sizes (LLMCTL_WORKERS_BODY, _PARSE, _RENDER,
+    _RESOLVE, _LOAD, _QUERY, _EMBED) default to what one machine's cores can
+    keep busy. Body parsing and request conversion queue at most
+    QUEUE_PER_WORKER calls per worker; the others queue on the asyncio side,
+    holding no thread."""
 
-    parse: DaemonExecutor = field(default_factory=lambda: DaemonExecutor(
-        "llmctl-parse", _env_int("WORKERS_PARSE", 4)))
+    # Bodies over body.INLINE_BYTES: JSON parsing, apart from conversion,
+    # so a flood of large bodies cannot make small chats wait on it.
+    body: DaemonExecutor = field(default_factory=lambda: _bounded(
+        "llmctl-body", "WORKERS_BODY", 2))
+    parse: DaemonExecutor = field(default_factory=lambda: _bounded(
+        "llmctl-parse", "WORKERS_PARSE", 4))
     render: DaemonExecutor = field(default_factory=lambda: DaemonExecutor(
         "llmctl-render", _env_int("WORKERS_RENDER", max(4, os.cpu_count() or 1))))
+    # Name resolution may join a model's part files (minutes): never on the
+    # load threads, so a 404 or a load does not wait behind a join.
+    resolve: DaemonExecutor = field(default_factory=lambda: DaemonExecutor(
+        "llmctl-resolve", _env_int("WORKERS_RESOLVE", 4)))
     load: DaemonExecutor = field(default_factory=lambda: DaemonExecutor(
         "llmctl-load", _env_int("WORKERS_LOAD", 2)))
     query: DaemonExecutor = field(default_factory=lambda: DaemonExecutor(
@@ -105,29 +156,69 @@ class Workers:
     embed: DaemonExecutor = field(default_factory=lambda: DaemonExecutor(
         "llmctl-embed", _env_int("WORKERS_EMBED", 2)))
     parse_deadline_s: float = PARSE_DEADLINE_S
+    body_deadline_s: float = BODY_DEADLINE_S
+
+    def executors(self) -> dict[str, DaemonExecutor]:
+        """Every executor by kind."""
+        return {"body": self.body, "parse": self.parse, "render": self.render,
+                "resolve": self.resolve, "load": self.load, "query": self.query,
+                "embed": self.embed}
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        """{kind: {"busy": workers running a call, "queued": calls waiting}}."""
+        return {kind: {"busy": e.busy, "queued": e.queued} for kind, e in self.executors().items()}
 
     def shutdown(self) -> None:
-        for executor in (self.parse, self.render, self.load, self.query, self.embed):
+        for executor in self.executors().values():
             executor.shutdown()
 
 
 async def run_on(executor: cf.Executor, fn: Callable, *args: Any, **kwargs: Any) -> Any:
-    """fn(*args, **kwargs) on `executor`, awaited without blocking the loop."""
+    """fn(*args, **kwargs) on `executor`, awaited without blocking the loop.
+    Raises what submit raises (ServerBusy past a bound queue) and what fn
+    raises."""
     future = executor.submit(fn, *args, **kwargs)
     return await asyncio.wrap_future(future)
 
 
 async def run_with_deadline(executor: cf.Executor, deadline_s: float, fn: Callable,
                             *args: Any) -> Any:
-    """fn(*args) on `executor`, abandoned after `deadline_s` (the time spent
-    queued for a worker counts). Raises TimeoutError past the deadline (the
-    call, if it started, runs on and its result is dropped) and what fn
-    raises."""
-    future = executor.submit(fn, *args)
+    """fn(*args) on `executor`, abandoned `deadline_s` after a worker
+    started it (the call runs on and its result is dropped). Raises
+    TimeoutError past the deadline; ServerBusy when the queue is full, or
+    when the call is still queued `deadline_s` after it was submitted (it
+    never runs); and what fn raises."""
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+    began: list[float] = []
+
+    def call() -> Any:
+        began.append(time.monotonic())
+        try:
+            loop.call_soon_threadsafe(started.set)
+        except RuntimeError:
+            pass                # the loop closed: no one awaits this call
+        return fn(*args)
+
+    future = executor.submit(call)
     try:
-        return await asyncio.wait_for(asyncio.wrap_future(future), deadline_s)
-    except (TimeoutError, asyncio.TimeoutError):
+        async with asyncio.timeout(deadline_s):
+            await started.wait()
+    except TimeoutError:
+        # cancel() fails once a worker has taken the call: then it runs.
+        if future.cancel():
+            raise ServerBusy(f"the server is busy: the request waited {deadline_s:g} s for "
+                             "a worker") from None
+    except asyncio.CancelledError:
         future.cancel()
+        raise
+    if future.done():
+        return future.result()
+    left = (began[0] if began else time.monotonic()) + deadline_s - time.monotonic()
+    try:
+        async with asyncio.timeout(max(left, 0)):
+            return await asyncio.wrap_future(future)
+    except TimeoutError:
         raise TimeoutError from None
 
 
@@ -139,8 +230,9 @@ def converting_field(body: dict, fields: tuple[str, ...]) -> str | None:
 async def parse_within_deadline(workers: Workers, field: str | None, fn: Callable,
                                 *args: Any) -> Any:
     """fn(*args), a request parser or grammar builder, on the parse workers
-    under their deadline. Raises InvalidParams past it, naming `field` (the
-    request's field being converted, when known), and what fn raises."""
+    under their deadline. Raises InvalidParams when it runs past it, naming
+    `field` (the request's field being converted, when known), ServerBusy
+    when the workers are too busy to start it, and what fn raises."""
     try:
         return await run_with_deadline(workers.parse, workers.parse_deadline_s, fn, *args)
     except TimeoutError:
