@@ -47,7 +47,8 @@ async def metrics(request: Request):
 async def stats(request: Request):
     state = state_of(request)
     per_model = {e.name: e.llm.stats().as_dict() for e in state.pool.loaded() if e.llm}
-    return {"model": state.default, **state.pool.stats().as_dict(), "models": per_model}
+    return {"model": state.default, **state.pool.stats().as_dict(), "models": per_model,
+            "workers": state.workers.snapshot()}
 
 
 # llama-server's tokenizer endpoints, so benchmarks can build prompts of

@@ -54,7 +54,7 @@ class ServerState:
         loaded if needed; waiting for it holds no thread. `keep_alive` is
         the request's raw value. Raises InvalidParams for a bad keep_alive,
         ModelLoading when no model is named and none is the default,
-        EngineFailed for a dead engine, ModelNotFound (param "model"),
+        EngineFailed for a dead or wedged engine, ModelNotFound (param "model"),
         ModelsBusy after the pool's wait, and what loading raises."""
         keep = request_keep_alive(keep_alive)
         name = model or self.default
@@ -67,10 +67,16 @@ class ServerState:
             except ModelNotFound as e:
                 e.param = e.param or "model"    # the request's field that named it
                 raise
-        if not lease.llm.engine.alive:
+        engine = lease.llm.engine
+        if not engine.alive:
             lease.release()
             raise EngineFailed(f"the engine of {lease.name!r} has stopped: "
-                               f"{lease.llm.engine.failure or 'shut down'}")
+                               f"{engine.failure or 'shut down'}")
+        # A wedged step never ends: a request queued behind it would wait forever.
+        why = engine.stalled()
+        if why:
+            lease.release()
+            raise EngineFailed(f"the engine of {lease.name!r} is stalled: {why}")
         return lease
 
     async def _acquire(self, name: str, keep: float | None) -> Lease:
@@ -107,12 +113,13 @@ class ServerState:
         return await _settled(workers.load.submit(pool.fill, got.entry), Lease.release)
 
     async def _resolve(self, name: str):
-        """pool.resolve(name) on the load workers, once for all the requests
-        that ask at the same time: resolving may join a model's part files,
-        and forty requests for it must not take forty threads to wait."""
+        """pool.resolve(name) on the resolve workers, once for all the
+        requests that ask at the same time: resolving may join a model's
+        part files (minutes), so it never runs on the load workers, and
+        forty requests for it must not take forty threads to wait."""
         task = self._resolving.get(name)
         if task is None:
-            task = asyncio.ensure_future(run_on(self.workers.load, self.pool.resolve, name))
+            task = asyncio.ensure_future(run_on(self.workers.resolve, self.pool.resolve, name))
             self._resolving[name] = task
             task.add_done_callback(lambda _: self._resolving.pop(name, None))
         return await asyncio.shield(task)
