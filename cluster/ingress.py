@@ -15,7 +15,6 @@ forwarded; the cluster's HTTP proxies apply it too (cluster/policy.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -31,7 +30,6 @@ log = logging.getLogger("llmctl.cluster")
 STALE_AFTER_S = 3 * REPORT_EVERY_S    # a replica silent this long is gone
 PIN_HEADER = "x-llmctl-replica"       # request: pin to a replica; response: who served
 STREAM_HOLD = 2                       # stream chunks held back while a retry is still possible
-PARSE_OFF_LOOP = 64 << 10             # bodies parsed in a thread from this size on
 
 
 class Board:
@@ -50,14 +48,13 @@ class Board:
 
 async def _parse(body: bytes):
     """`body` parsed as llmctl serve parses it (server/body.py: a JSON
-    object, depth-checked, finite). A large one is parsed in a thread, so
-    the ingress's loop keeps relaying streams meanwhile. Raises
-    InvalidParams."""
-    from llmctl.server.body import parse_json
+    object, depth-checked, finite; a large one on the process's shared body
+    workers under their deadline), so the ingress's loop keeps relaying
+    streams meanwhile. Raises InvalidParams, and ServerBusy when those
+    workers are too busy to start it."""
+    from llmctl.server.body import parse_body
 
-    if len(body) >= PARSE_OFF_LOOP:
-        return await asyncio.to_thread(parse_json, body)
-    return parse_json(body)
+    return await parse_body(body)
 
 
 async def _lifespan(receive, send) -> None:
@@ -152,7 +149,7 @@ class Ingress:
         body = await request.body()
         try:
             key = affinity.affinity_key(await _parse(body)) if body else None
-        except LlmctlError as e:     # InvalidParams: not JSON, too deep, not finite
+        except LlmctlError as e:     # InvalidParams (not JSON, too deep, not finite), ServerBusy
             return error_response(e, request.url.path)
         call = (request.method, request.url.path, request.url.query.encode(),
                 list(request.headers.items()), body)
