@@ -108,7 +108,7 @@ def serve(
                        prefix_cache=not no_prefix_cache, prefix_cache_size_gb=prefix_cache_size,
                        flash_attn={"auto": None, "on": True, "off": False}[flash_attn.value],
                        kv_type=kv_type.value, **o.spec_fields(spec, draft_max, draft_min, draft, draft_p_min))
-    from llmctl.runtime.pool import parse_keep_alive
+    from llmctl.runtime.keep_alive import parse_keep_alive
     from llmctl.server.middleware import http_policy
     from llmctl.server.serve import PoolSettings
     from llmctl.server.serve import serve as serve_model

@@ -12,63 +12,32 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable
 
-from llmctl.errors import LlmctlError, ModelsBusy, ModelTooLarge
+from llmctl.errors import LlmctlError, ModelsBusy
 from llmctl.runtime.config import LoadOptions
+
+# parse_keep_alive and MAX_KEEP_ALIVE_S are re-exported for server/state.py,
+# server/serve.py and older imports; runtime.keep_alive is their home.
 from llmctl.runtime.keep_alive import FOREVER, MAX_KEEP_ALIVE_S, parse_keep_alive  # noqa: F401
+from llmctl.runtime.pool_room import (
+    Loaded,
+    NeedCache,
+    Reservation,
+    Waiters,
+    call_all,
+    estimate_bytes,
+    plan_room,
+    room_now,
+    status_of,
+    waiters_max,
+)
 from llmctl.runtime.stats import Stats, combine
 from llmctl.store.registry import load_registry
 from llmctl.store.resolve import ResolvedModel, resolve_name
 
 log = logging.getLogger("llmctl.pool")
-
-# llama.cpp's compute buffers and the engine's own arrays, beyond weights and KV.
-OVERHEAD_BYTES = 64 << 20
-
-
-def estimate_bytes(resolved: ResolvedModel, opts: LoadOptions) -> int:
-    """Memory a model will hold once loaded: its weights, the KV cache of
-    every slot at the context it will get, and a fixed overhead. Raises
-    BadModelFile for a file that is not GGUF."""
-    from llmctl.runtime import planner
-    from llmctl.runtime.llm import DEFAULT_CTX
-    from llmctl.store.gguf_info import read_gguf_info
-
-    info = read_gguf_info(resolved.path)
-    n_ctx = opts.ctx_size or min(resolved.context or DEFAULT_CTX,
-                                 info.context_length or DEFAULT_CTX)
-    shape = planner.ModelShape.from_info(info, opts.kv_type)
-    return info.size + shape.kv_bytes(n_ctx * opts.max_num_seqs) + OVERHEAD_BYTES
-
-
-@dataclass
-class Loaded:
-    """A model in the pool. `active`: requests using it now; it expires
-    `keep_alive_s` after the last one ends (FOREVER: never)."""
-
-    name: str
-    resolved: ResolvedModel
-    bytes: int
-    keep_alive_s: float
-    llm: object = None               # the LLM, once loaded
-    error: BaseException | None = None
-    active: int = 0
-    last_used: float = 0.0
-    loaded_at: float = 0.0
-
-    @property
-    def loading(self) -> bool:
-        return self.llm is None and self.error is None
-
-    @property
-    def expires_at(self) -> float | None:
-        """Wall-clock time it unloads if nothing uses it; None: never, or in use."""
-        if self.active or self.keep_alive_s < 0:
-            return None
-        return self.last_used + self.keep_alive_s
-
 
 class Lease:
     """One request's hold on a loaded model; `release()` (or leaving the
@@ -92,29 +61,17 @@ class Lease:
         self.release()
 
 
-@dataclass
-class Reservation:
-    """ModelPool.try_reserve's answer: `entry` with one use counted (to
-    `fill` first when `fresh`), or None and `why` the caller must wait;
-    `loading` is the entry being loaded by another request meanwhile."""
-
-    entry: Loaded | None
-    fresh: bool = False
-    why: str = ""
-    loading: Loaded | None = None
-
-    def raise_failed(self) -> None:
-        """After a wait: raise the error the load this waited for ended in."""
-        if self.loading is not None and self.loading.error is not None:
-            raise self.loading.error
-
-
 class ModelPool:
     """The loaded models of one server. `resolve` maps a request's model
     name to a file (never a path from a request); `acquire` loads or reuses
     it. Raises, from acquire: ModelNotFound, ModelTooLarge (507) when the
     model alone exceeds the budget, ModelsBusy (503) when no idle model can
-    make room in time, and whatever loading raises."""
+    make room in time, and whatever loading raises; from __init__,
+    UsageError for a bad LLMCTL_MODEL_WAITERS_MAX.
+
+    The lock guards bookkeeping only: estimating a file and closing an
+    engine run outside it, so /health, /api/ps and leases on a loaded model
+    never wait for them."""
 
     def __init__(self, opts: LoadOptions, *, models_max: int = 3, memory_budget: int,
                  keep_alive_s: float = 300.0, wait_s: float = 300.0,
@@ -132,8 +89,9 @@ class ModelPool:
         self._cv = threading.Condition()
         self._models: dict[str, Loaded] = {}
         self._named: dict[str, ResolvedModel] = {}     # given on the command line
-        self._waiters: set[Callable[[], None]] = set()
-        self._needs: dict[tuple[str, str], int] = {}   # estimate_bytes, once per file
+        self._waiters = Waiters(waiters_max())
+        self._events = 0                               # room events so far, for acquire
+        self._needs = NeedCache(estimator, opts)
         self._closed = False
         self.retired = combine([])
         self._reaper = threading.Thread(target=self._reap, name="llmctl-keepalive", daemon=True)
@@ -186,7 +144,7 @@ class ModelPool:
         named = self._named.get(ref)
         with self._cv:
             entry = self._models.get(named.name if named else ref)
-            if entry is None or entry.loading or self._closed:
+            if entry is None or entry.loading or entry.unloading or self._closed:
                 return None
             self._use(entry, keep_alive_s)
             return Lease(self, entry)
@@ -205,36 +163,54 @@ class ModelPool:
         waits without a thread instead: try_reserve, add_waiter, fill."""
         resolved = self.resolve(ref)
         deadline = time.monotonic() + self.wait_s
-        with self._cv:
-            while (got := self.try_reserve(resolved, keep_alive_s)).entry is None:
-                self._wait(deadline, got.why)
-                got.raise_failed()
+        while True:
+            seen = self._events         # an event after this is not missed
+            if (got := self.try_reserve(resolved, keep_alive_s)).entry is not None:
+                break
+            with self._cv:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._cv.wait_for(lambda: self._events != seen, left):
+                    raise ModelsBusy(got.why)
+            got.raise_failed()
         return self.fill(got.entry) if got.fresh else Lease(self, got.entry)
 
-    def try_reserve(self, resolved: ResolvedModel, keep_alive_s: float | None) -> "Reservation":
+    def try_reserve(self, resolved: ResolvedModel, keep_alive_s: float | None) -> Reservation:
         """Never waits: the loaded entry with this use counted, a new
         loading entry the caller must `fill` (or `abandon`), or nothing and
         why (wait for add_waiter's call, then try again). Unloading idle
-        models to make room happens here. Raises ModelTooLarge and, once
+        models to make room happens here, before it returns. Raises
+        ModelTooLarge, what estimating raises (BadModelFile) and, once
         closed, LlmctlError."""
-        with self._cv:
-            self._check_open()
-            entry = self._models.get(resolved.name)
-            if entry is not None and entry.loading:
-                return Reservation(None, why=f"model {resolved.name!r} is still loading",
-                                   loading=entry)
-            if entry is not None:
-                self._use(entry, keep_alive_s)
-                return Reservation(entry)
-            need = self._need(resolved)
-            why = self._make_room(need)
-            if why is not None:
-                return Reservation(None, why=why)
-            entry = Loaded(resolved.name, resolved, need,
-                           self.keep_alive_s if keep_alive_s is None else keep_alive_s,
-                           active=1, last_used=time.time())
-            self._models[entry.name] = entry
-            return Reservation(entry, fresh=True)
+        need = self._needs.known(resolved)
+        while True:
+            with self._cv:
+                self._check_open()
+                entry = self._models.get(resolved.name)
+                if entry is not None or need is not None:
+                    got, victims = self._reserve(resolved, entry, need, keep_alive_s)
+                    break
+            need = self._needs.get(resolved)    # outside the lock: it may read the file
+        self._close(victims)        # before the caller loads: their memory is free first
+        return got
+
+    def _reserve(self, resolved: ResolvedModel, entry: Loaded | None, need: int | None,
+                 keep_alive_s: float | None) -> tuple[Reservation, list[Loaded]]:
+        name = resolved.name
+        if entry is not None and entry.unloading:
+            return Reservation(None, why=f"model {name!r} is being unloaded"), []
+        if entry is not None and entry.loading:
+            return Reservation(None, why=f"model {name!r} is still loading", loading=entry), []
+        if entry is not None:
+            self._use(entry, keep_alive_s)
+            return Reservation(entry), []
+        why, victims = self._make_room(need)
+        if why is not None:
+            return Reservation(None, why=why), []
+        entry = Loaded(name, resolved, need,
+                       self.keep_alive_s if keep_alive_s is None else keep_alive_s,
+                       active=1, last_used=time.time())
+        self._models[name] = entry
+        return Reservation(entry, fresh=True), victims
 
     def fill(self, entry: Loaded) -> Lease:
         """Load the model of a fresh reservation (blocking) and lease it.
@@ -246,14 +222,16 @@ class ModelPool:
             with self._cv:
                 entry.error = e
                 self._models.pop(entry.name, None)
-                self._notify()
+                self._event(failed=[entry.name])
             raise
         with self._cv:
             entry.llm, entry.loaded_at = llm, time.time()
-            self._notify()
-            if self._closed:        # shut down while it loaded: nobody may use it
-                self._unload(entry, "shutdown")
-                raise LlmctlError("the server is shutting down")
+            closed = self._closed
+            victims = [self._begin_unload(entry, "shutdown")] if closed else []
+            self._event()
+        if closed:                  # shut down while it loaded: nobody may use it
+            self._close(victims)
+            raise LlmctlError("the server is shutting down")
         log.info("loaded %s (%.0f MB planned)", entry.name, entry.bytes / 1e6)
         return Lease(self, entry)
 
@@ -263,31 +241,32 @@ class ModelPool:
         with self._cv:
             if entry.loading and self._models.get(entry.name) is entry:
                 del self._models[entry.name]
-            self._notify()
+            self._event()
 
-    def add_waiter(self, wake: Callable[[], None]) -> None:
-        """Call `wake()` (under the pool's lock: it must not block) whenever
-        a reservation that had to wait may now succeed."""
+    def add_waiter(self, wake: Callable[[], None], model: str | None = None) -> None:
+        """Call `wake()` (under the pool's lock: it must not block) when a
+        reservation for `model` that had to wait may now succeed. A caller
+        that names no model is woken on every event that frees room or ends
+        a load. Raises ModelsBusy when LLMCTL_MODEL_WAITERS_MAX requests
+        already wait for that model (or, naming none, for any)."""
         with self._cv:
-            self._waiters.add(wake)
+            self._waiters.add(wake, model)
 
     def remove_waiter(self, wake: Callable[[], None]) -> None:
+        """Forget `wake`. Should it have been woken and leave without taking
+        the room, the waiters after it get their turn."""
         with self._cv:
-            self._waiters.discard(wake)
+            if self._waiters.remove(wake):
+                self._event()
 
-    def _notify(self) -> None:
+    def _event(self, failed: list[str] = (), everyone: bool = False) -> None:
+        """Under the lock: something happened that may let a wait end."""
+        self._events += 1
         self._cv.notify_all()
-        for wake in list(self._waiters):
-            try:
-                wake()
-            except Exception:       # a waiter whose loop is gone
-                log.debug("a pool waiter failed", exc_info=True)
-
-    def _need(self, resolved: ResolvedModel) -> int:
-        key = (resolved.name, str(resolved.path))
-        if key not in self._needs:
-            self._needs[key] = self._estimate(resolved, self.opts)
-        return self._needs[key]
+        models = self._models
+        call_all(self._waiters.due(
+            lambda name: status_of(models.get(name)), self._needs.of_name,
+            room_now(models.values(), self.models_max, self.memory_budget), failed, everyone))
 
     @staticmethod
     def _use(entry: Loaded, keep_alive_s: float | None) -> None:
@@ -296,97 +275,105 @@ class ModelPool:
         if keep_alive_s is not None:
             entry.keep_alive_s = keep_alive_s
 
-    def _make_room(self, need: int) -> str | None:
-        """Unload idle models, least recently used first, until `need` bytes
-        and a model slot are free: None once they are, else why the caller
-        must wait for a request to end. Raises when waiting cannot help."""
-        if need > self.memory_budget:
-            raise ModelTooLarge(
-                f"the model needs about {need / 1e9:.2f} GB (weights and KV cache) and the "
-                f"memory budget is {self.memory_budget / 1e9:.2f} GB; raise --memory-budget "
-                "or lower --ctx-size / --max-num-seqs / --kv-type")
-        while len(self._models) >= self.models_max or self._used() + need > self.memory_budget:
-            idle = [e for e in self._models.values() if not e.active and not e.loading]
-            if not idle:
-                return (f"every loaded model is busy ({self._used() / 1e9:.2f} of "
-                        f"{self.memory_budget / 1e9:.2f} GB, {len(self._models)} of "
-                        f"{self.models_max} models); {need / 1e9:.2f} GB more is needed")
-            self._unload(min(idle, key=lambda e: e.last_used), "to make room")
-        return None
-
-    def _wait(self, deadline: float, why: str) -> None:
-        left = deadline - time.monotonic()
-        if left <= 0 or not self._cv.wait(timeout=left) and time.monotonic() >= deadline:
-            raise ModelsBusy(why)
+    def _make_room(self, need: int) -> tuple[str | None, list[Loaded]]:
+        """Mark the idle models `need` takes the room of (see plan_room)."""
+        why, victims = plan_room(self._models.values(), need, self.models_max, self.memory_budget)
+        return why, [self._begin_unload(v, "to make room") for v in victims]
 
     def _release(self, entry: Loaded) -> None:
         with self._cv:
             entry.active -= 1
             entry.last_used = time.time()
-            if not entry.active and entry.keep_alive_s == 0 and self._models.get(entry.name) is entry:
-                self._unload(entry, "keep_alive 0")
-            self._notify()
+            if entry.active:
+                return              # still in use: no room can have appeared
+            victims = []
+            if entry.keep_alive_s == 0 and self._models.get(entry.name) is entry:
+                victims.append(self._begin_unload(entry, "keep_alive 0"))
+            else:
+                self._event()       # it is idle: an unload may take it
+        self._close(victims)
 
     # ---- unloading ----------------------------------------------------------------
 
     def unload(self, ref: str) -> bool:
-        """Unload `ref` now if it is loaded and idle; with requests running,
-        it unloads when the last ends. False when it is not loaded."""
+        """Unload `ref` now if it is loaded and idle (closing its engine on
+        this thread); with requests running, it unloads when the last ends.
+        False when it is not loaded."""
         name = self.resolve(ref).name
         with self._cv:
             entry = self._models.get(name)
-            if entry is None or entry.loading:
+            if entry is None or entry.loading or entry.unloading:
                 return False
             if entry.active:
                 entry.keep_alive_s = 0
-            else:
-                self._unload(entry, "stop")
-            self._notify()
-            return True
+                return True
+            victims = [self._begin_unload(entry, "stop")]
+        self._close(victims)
+        return True
 
-    def _unload(self, entry: Loaded, why: str) -> None:
-        # Under the lock: closing joins the engine thread, which is quick when
-        # idle, and no request can take the model halfway through.
-        del self._models[entry.name]
+    def _begin_unload(self, entry: Loaded, why: str) -> Loaded:
+        """Under the lock: nobody may take `entry` from now on. Its counters
+        stay in the server's totals after it is gone."""
+        entry.unloading = True
         log.info("unloading %s (%s)", entry.name, why)
         try:
-            # Its counters stay in the server's totals after it is gone.
             self.retired = combine([self.retired, entry.llm.stats().idle()])
-            entry.llm.close()
         except Exception:
-            log.exception("closing %s", entry.name)
+            log.exception("counting %s", entry.name)
+        return entry
+
+    def _close(self, entries: list[Loaded]) -> None:
+        """Outside the lock: close engines marked by _begin_unload (joining
+        each engine's thread), then free their room."""
+        if not entries:
+            return
+        for entry in entries:
+            try:
+                entry.llm.close()
+            except Exception:
+                log.exception("closing %s", entry.name)
+        with self._cv:
+            for entry in entries:
+                if self._models.get(entry.name) is entry:
+                    del self._models[entry.name]
+            self._event()
 
     def _reap(self) -> None:
         """Unload models whose keep-alive ran out."""
-        with self._cv:
-            while not self._closed:
+        while True:
+            with self._cv:
+                if self._closed:
+                    return
                 now = time.time()
                 due = [e for e in self._models.values()
-                       if not e.loading and e.expires_at is not None and e.expires_at <= now]
-                for entry in due:
-                    self._unload(entry, "keep-alive expired")
-                if due:
-                    self._notify()
-                nexts = [e.expires_at for e in self._models.values()
-                         if not e.loading and e.expires_at is not None]
-                self._cv.wait(timeout=min(max(min(nexts) - now, 0.05), 60) if nexts else 60)
+                       if e.idle and e.expires_at is not None and e.expires_at <= now]
+                victims = [self._begin_unload(e, "keep-alive expired") for e in due]
+                if not victims:
+                    nexts = [e.expires_at for e in self._models.values()
+                             if e.idle and e.expires_at is not None]
+                    self._cv.wait(timeout=min(max(min(nexts) - now, 0.05), 60) if nexts else 60)
+            self._close(victims)
 
     # ---- views --------------------------------------------------------------------
 
     def loaded(self) -> list[Loaded]:
-        """The loaded (and loading) models, most recently used first."""
+        """The loaded (and loading) models, most recently used first; not
+        those being unloaded."""
         with self._cv:
-            return sorted(self._models.values(), key=lambda e: -e.last_used)
+            return sorted((e for e in self._models.values() if not e.unloading),
+                          key=lambda e: -e.last_used)
 
     def get(self, name: str) -> Loaded | None:
+        """The entry of the model `name`, unless it is absent or unloading."""
         with self._cv:
-            return self._models.get(name)
+            entry = self._models.get(name)
+            return None if entry is None or entry.unloading else entry
 
     def stats(self) -> Stats:
         """Every model's counters, loaded or not, in one snapshot."""
         with self._cv:
             return combine([self.retired] + [e.llm.stats() for e in self._models.values()
-                                             if e.llm is not None])
+                                             if e.llm is not None and not e.unloading])
 
     def _used(self) -> int:
         return sum(e.bytes for e in self._models.values())
@@ -399,10 +386,10 @@ class ModelPool:
         """Unload everything; later acquires raise."""
         with self._cv:
             self._closed = True
-            for entry in list(self._models.values()):
-                if not entry.loading:
-                    self._unload(entry, "shutdown")
-            self._notify()
+            victims = [self._begin_unload(e, "shutdown") for e in list(self._models.values())
+                       if not e.loading and not e.unloading]
+            self._event(everyone=True)
+        self._close(victims)
         self._reaper.join(timeout=5)
 
 
