@@ -14,9 +14,9 @@ import ollama
 import pytest
 
 from llmctl.bench.launcher import Server
-from llmctl.errors import ModelsBusy
+from llmctl.errors import LlmctlError, ModelsBusy
 from llmctl.runtime.config import LoadOptions
-from llmctl.runtime.pool import Loaded, ModelPool
+from llmctl.runtime.pool import Loaded, ModelPool, estimate_bytes
 from llmctl.server.ollama_models import _expiry
 from llmctl.server.state import ServerState
 from llmctl.server.workers import run_on
@@ -64,16 +64,22 @@ def test_waiting_for_room_holds_no_thread_and_a_cancelled_waiter_leaks_nothing()
 
 
 def _threads_waiting_in_the_pool() -> int:
-    """Threads whose stack is inside one of ModelPool's blocking waits."""
-    waits = {"_wait", "_wait_or_reserve", "acquire"}
+    """Threads, other than the keep-alive reaper, blocked in a wait with a
+    frame of runtime/pool.py below it: a request waiting for room must hold
+    none (before the fix each waiter held one in ModelPool._wait)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
     count = 0
-    for frame in sys._current_frames().values():
+    for ident, frame in sys._current_frames().items():
+        if names.get(ident) == "llmctl-keepalive" or ident == threading.get_ident():
+            continue
+        codes = []
         while frame is not None:
-            code = frame.f_code
-            if code.co_filename.endswith("pool.py") and code.co_name in waits:
-                count += 1
-                break
+            codes.append(frame.f_code)
             frame = frame.f_back
+        blocked = codes[0].co_name == "wait" and codes[0].co_filename.endswith("threading.py")
+        if blocked and any(c.co_filename.endswith(os.path.join("runtime", "pool.py"))
+                           for c in codes):
+            count += 1
     return count
 
 
@@ -168,3 +174,204 @@ def test_an_expiry_past_what_a_datetime_holds_renders_as_far_future():
     resolved = resolve_model("smollm2")
     entry = Loaded("smollm2", resolved, 0, keep_alive_s=1e15, last_used=time.time())
     assert int(_expiry(entry, time.time())[:4]) > 2300
+
+
+class Wakes:
+    """A waiter that counts the pool's calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self):
+        self.calls += 1
+
+
+def _one_model_pool(**kw) -> ModelPool:
+    return ModelPool(OPTS, models_max=1, memory_budget=1 << 40, **kw)
+
+
+def test_a_release_that_frees_no_room_wakes_no_waiter():
+    pool = _one_model_pool()
+    try:
+        first, second = pool.acquire("smollm2"), pool.acquire("smollm2")
+        legacy, named = Wakes(), Wakes()
+        pool.add_waiter(legacy)                 # as server/state.py calls it today
+        pool.add_waiter(named, "gemma3-270m")
+        assert pool.try_reserve(pool.resolve("gemma3-270m"), None).entry is None
+        for _ in range(5):                      # finished chats on the busy model
+            pool.acquire_loaded("smollm2").release()
+        first.release()                         # smollm2 is still in use
+        assert (legacy.calls, named.calls) == (0, 0)
+        second.release()                        # now it is idle: room for one model
+        assert (legacy.calls, named.calls) == (1, 1)
+    finally:
+        pool.close()
+
+
+def test_waiters_are_woken_oldest_first_and_only_as_many_as_the_room_holds():
+    pool = _one_model_pool()
+    try:
+        held = pool.acquire("smollm2")
+        gemma, qwen = pool.resolve("gemma3-270m"), pool.resolve("qwen2.5-coder-0.5b")
+        for resolved in (gemma, qwen):          # both wait; their sizes are known now
+            assert pool.try_reserve(resolved, None).entry is None
+        for_gemma = [Wakes() for _ in range(20)]
+        for_qwen = [Wakes() for _ in range(20)]
+        for a, b in zip(for_gemma, for_qwen):
+            pool.add_waiter(a, "gemma3-270m")
+            pool.add_waiter(b, "qwen2.5-coder-0.5b")
+        held.release()                          # one model slot frees
+        assert [w.calls for w in for_gemma] == [1] + [0] * 19
+        assert sum(w.calls for w in for_qwen) == 0
+        # The woken one reserves gemma; its load ending wakes gemma's waiters
+        # (they can all take it now), none of qwen's (no room appeared).
+        got = pool.try_reserve(gemma, None)
+        assert got.fresh
+        assert sum(w.calls for w in for_gemma) == 1 and sum(w.calls for w in for_qwen) == 0
+        lease = pool.fill(got.entry)
+        assert [w.calls for w in for_gemma] == [2] + [1] * 19
+        for w in for_gemma:                     # they took it and left
+            pool.remove_waiter(w)
+        assert sum(w.calls for w in for_qwen) == 0
+        lease.release()
+        # gemma is idle after that last release: one qwen waiter, the oldest.
+        assert [w.calls for w in for_qwen] == [1] + [0] * 19
+        pool.remove_waiter(for_qwen[0])         # it left without taking the room
+        assert [w.calls for w in for_qwen] == [1, 1] + [0] * 18
+    finally:
+        pool.close()
+
+
+def test_a_failed_load_wakes_every_waiter_for_it_with_its_error():
+    def broken(resolved, opts):
+        raise LlmctlError("no such luck")
+
+    pool = _one_model_pool(loader=broken)
+    try:
+        got = pool.try_reserve(pool.resolve("gemma3-270m"), None)
+        waits = [pool.try_reserve(pool.resolve("gemma3-270m"), None) for _ in range(3)]
+        wakes = [Wakes() for _ in waits]
+        for w in wakes:
+            pool.add_waiter(w, "gemma3-270m")
+        with pytest.raises(LlmctlError, match="no such luck"):
+            pool.fill(got.entry)
+        assert [w.calls for w in wakes] == [1, 1, 1]
+        for waited in waits:
+            with pytest.raises(LlmctlError, match="no such luck"):
+                waited.raise_failed()
+    finally:
+        pool.close()
+
+
+def test_past_the_waiter_cap_a_request_is_models_busy_at_once(monkeypatch):
+    monkeypatch.setenv("LLMCTL_MODEL_WAITERS_MAX", "2")
+    pool = _one_model_pool(wait_s=120)
+    state = ServerState(pool, default="smollm2")
+
+    async def scenario():
+        held = await state.lease("smollm2")
+        waiting = [asyncio.create_task(state.lease("gemma3-270m")) for _ in range(2)]
+        await asyncio.sleep(0.5)
+        try:
+            with pytest.raises(ModelsBusy, match="already wait"):
+                async with asyncio.timeout(30):     # at once, not after wait_s
+                    await state.lease("gemma3-270m")
+            assert not any(w.done() for w in waiting)
+            # Per model: another model's waiters have a cap of their own.
+            extra = Wakes()
+            pool.add_waiter(extra, "qwen2.5-coder-0.5b")
+            pool.remove_waiter(extra)
+        finally:
+            held.release()
+        async with asyncio.timeout(180):
+            for lease in await asyncio.gather(*waiting):
+                lease.release()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        pool.close()
+        state.workers.shutdown()
+
+
+def test_the_cap_counts_each_model_on_its_own(monkeypatch):
+    monkeypatch.setenv("LLMCTL_MODEL_WAITERS_MAX", "2")
+    pool = _one_model_pool()
+    try:
+        waiting = [Wakes() for _ in range(2)]
+        for w in waiting:
+            pool.add_waiter(w, "gemma3-270m")
+        with pytest.raises(ModelsBusy, match="'gemma3-270m'"):
+            pool.add_waiter(Wakes(), "gemma3-270m")
+        pool.add_waiter(Wakes(), "qwen2.5-coder-0.5b")
+        pool.remove_waiter(waiting[0])
+        pool.add_waiter(Wakes(), "gemma3-270m")     # a place freed
+    finally:
+        pool.close()
+
+
+def _returns_while(view) -> bool:
+    """Whether `view()` returns on another thread within a bounded wait (it
+    hung, before the fix, until the slow work ended)."""
+    out = []
+    viewer = threading.Thread(target=lambda: out.append(view()), daemon=True)
+    viewer.start()
+    viewer.join(20)
+    return bool(out)
+
+
+def test_views_do_not_wait_while_an_unload_closes_an_engine():
+    pool = ModelPool(OPTS, memory_budget=1 << 40)
+    try:
+        pool.acquire("smollm2").release()
+        llm = pool.get("smollm2").llm
+        closing, go, real_close = threading.Event(), threading.Event(), llm.close
+
+        def slow_close():                       # our own LLM.close, made slow
+            closing.set()
+            go.wait(60)
+            real_close()
+
+        llm.close = slow_close
+        unloader = threading.Thread(target=pool.unload, args=("smollm2",))
+        unloader.start()
+        try:
+            assert closing.wait(60)
+            # /health reads loaded(), /api/ps get(), a request acquire_loaded.
+            assert _returns_while(pool.loaded) and pool.loaded() == []
+            assert _returns_while(lambda: pool.get("smollm2")) and pool.get("smollm2") is None
+            assert _returns_while(lambda: pool.acquire_loaded("smollm2"))
+            assert pool.acquire_loaded("smollm2") is None
+            assert _returns_while(pool.stats)
+        finally:
+            go.set()
+            unloader.join(60)
+        assert not unloader.is_alive() and not llm.engine.alive
+    finally:
+        pool.close()
+
+
+def test_views_do_not_wait_while_a_file_is_estimated():
+    reading, go = threading.Event(), threading.Event()
+
+    def slow_estimate(resolved, opts):          # the real estimate, slow for gemma
+        if resolved.name == "gemma3-270m":
+            reading.set()
+            go.wait(60)
+        return estimate_bytes(resolved, opts)
+
+    pool = ModelPool(OPTS, memory_budget=1 << 40, estimator=slow_estimate)
+    try:
+        pool.acquire("smollm2").release()
+        reserver = threading.Thread(target=lambda: pool.acquire("gemma3-270m").release())
+        reserver.start()
+        try:
+            assert reading.wait(60)
+            assert _returns_while(pool.loaded)
+            assert _returns_while(lambda: pool.acquire_loaded("smollm2").release() or True)
+        finally:
+            go.set()
+            reserver.join(120)
+        assert [e.name for e in pool.loaded()] == ["gemma3-270m", "smollm2"]
+    finally:
+        pool.close()
