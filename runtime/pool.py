@@ -257,16 +257,17 @@ class ModelPool:
         the room, the waiters after it get their turn."""
         with self._cv:
             if self._waiters.remove(wake):
-                self._event()
+                self._event(handoff=True)
 
-    def _event(self, failed: list[str] = (), everyone: bool = False) -> None:
+    def _event(self, failed: list[str] = (), everyone: bool = False,
+               handoff: bool = False) -> None:
         """Under the lock: something happened that may let a wait end."""
         self._events += 1
         self._cv.notify_all()
         models = self._models
-        call_all(self._waiters.due(
-            lambda name: status_of(models.get(name)), self._needs.of_name,
-            room_now(models.values(), self.models_max, self.memory_budget), failed, everyone))
+        room = room_now(models.values(), self.models_max, self.memory_budget)
+        call_all(self._waiters.due(lambda name: status_of(models.get(name)),
+                                   self._needs.of_name, room, failed, everyone, handoff))
 
     @staticmethod
     def _use(entry: Loaded, keep_alive_s: float | None) -> None:

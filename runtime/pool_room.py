@@ -207,21 +207,25 @@ class Waiters:
         return sum(len(w) for w in self._by_model.values())
 
     def due(self, status: Callable[[str], str], need_of: Callable[[str], int | None],
-            room: Room, failed: Iterable[str] = (), everyone: bool = False
-            ) -> list[Callable[[], None]]:
+            room: Room, failed: Iterable[str] = (), everyone: bool = False,
+            handoff: bool = False) -> list[Callable[[], None]]:
         """The waiters whose try can now succeed, oldest model first: all
         of a loaded model's, all of a model whose load `failed` (they get
         its error), and for each absent model its oldest waiter while
         `room` holds it (the rest then wait for that one's load). Callers
-        that named no model get every event; `everyone` wakes all (shutdown)."""
+        that named no model get every event; `everyone` wakes all (shutdown).
+        `handoff` (a waiter left): only absent models' oldest, since the one
+        that left may have been woken for room it did not take; the others
+        were woken already, and waking them on every departure would cost
+        the square of their number."""
         failed = set(failed)
         out: list[Callable[[], None]] = []
         for model, waiting in self._by_model.items():
-            if everyone or model is None or model in failed:
+            if everyone or (not handoff and (model is None or model in failed)):
                 out.extend(waiting)
+            elif model is None:
                 continue
-            state = status(model)
-            if state == LOADED:
+            elif (state := status(model)) == LOADED and not handoff:
                 out.extend(waiting)
             elif state == ABSENT and room.take(need_of(model)):
                 out.append(next(iter(waiting)))

@@ -204,6 +204,8 @@ def test_a_release_that_frees_no_room_wakes_no_waiter():
         assert (legacy.calls, named.calls) == (0, 0)
         second.release()                        # now it is idle: room for one model
         assert (legacy.calls, named.calls) == (1, 1)
+        pool.remove_waiter(named)               # it left: the room is handed on, to
+        assert legacy.calls == 1                # a named waiter only (none is left)
     finally:
         pool.close()
 
