@@ -73,9 +73,8 @@ class DaemonExecutor(cf.Executor):
                 raise ServerBusy(f"the server is busy: {self.max_queued} requests already wait "
                                  f"for its {self.name} workers")
             self._work.put((future, fn, args, kwargs))
-            if self._idle:
-                self._idle -= 1         # that idle thread takes it
-            elif len(self._threads) < self.max_workers:
+            # A new thread only when the calls waiting outnumber idle threads.
+            if self._idle < self._work.qsize() and len(self._threads) < self.max_workers:
                 thread = threading.Thread(target=self._run, args=(self._work,), daemon=True,
                                           name=f"{self.name}-{len(self._threads)}")
                 self._threads.append(thread)
@@ -83,7 +82,18 @@ class DaemonExecutor(cf.Executor):
         return future
 
     def _run(self, work: queue.SimpleQueue) -> None:
-        while (item := work.get()) is not None:
+        while True:
+            # Idle: blocked in get. Counted only for the current queue; a
+            # shutdown starts the count afresh.
+            with self._lock:
+                if work is self._work:
+                    self._idle += 1
+            item = work.get()
+            with self._lock:
+                if work is self._work:
+                    self._idle -= 1
+            if item is None:
+                return
             future, fn, args, kwargs = item
             if future.set_running_or_notify_cancel():
                 try:
@@ -91,9 +101,6 @@ class DaemonExecutor(cf.Executor):
                 except BaseException as e:    # handed to the awaiting request
                     future.set_exception(e)
             del item, future, fn, args, kwargs
-            with self._lock:
-                if work is self._work:
-                    self._idle += 1
 
     def shutdown(self, wait: bool = False, *, cancel_futures: bool = True) -> None:
         """Cancel what has not started and let idle threads end; running
