@@ -165,8 +165,10 @@ def parse_json(raw: bytes) -> dict:
         raise InvalidParams("the request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise InvalidParams("the request body must be a JSON object")
-    if _MAYBE_BAD.search(raw) is None:
-        return body             # nesting is already checked; nothing else can be wrong
+    # The walk counts a field's innermost scalar as a level too, so only a
+    # body that nests to MAX_DEPTH + 1 may still be too deep for it.
+    if deepest <= MAX_DEPTH and _MAYBE_BAD.search(raw) is None:
+        return body             # nothing the walk looks for can be there
     for key, value in body.items():
         # The name goes back in the error body, which must itself encode.
         _check(key.encode("utf-8", "backslashreplace").decode("utf-8"), key, value)
