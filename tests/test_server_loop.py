@@ -1,12 +1,14 @@
 """The event loop stays free whatever a request asks (issue #20 findings 1,
-3 and 6): grammar conversion and large bodies run on parse workers under a
-deadline, nesting is measured before json.loads, SIGTERM still ends a
-server whose worker is stuck, and /health reports a wedged engine."""
+3 and 6): grammar conversion and large bodies run on their own workers
+under deadlines, busy workers are a 503 and never a 400, nesting is
+measured before json.loads, SIGTERM still ends a server whose worker is
+stuck, and a wedged engine is reported and refused."""
 
 import json
 import signal
 import sys
 import threading
+import time
 
 import httpx
 import pytest
@@ -92,11 +94,71 @@ def test_sigterm_ends_a_server_whose_parse_worker_is_stuck(session_home):
         path, _, body = _slow_requests()[0]
         sender = threading.Thread(target=lambda: _post_quietly(srv.url + path, body))
         sender.start()
+        # SIGTERM only once the slow request holds a parse worker.
+        _wait_for_workers(srv.url, "parse", "busy", 1)
         assert httpx.get(srv.url + "/health", timeout=5).status_code == 200
         srv._proc.send_signal(signal.SIGTERM)
         # Not the kill stop() falls back to: the server ended on its own.
         assert srv._proc.wait(timeout=60) != -signal.SIGKILL
         sender.join(60)
+
+
+def _wait_for_workers(url: str, kind: str, what: str, n: int) -> None:
+    """Until /stats shows at least `n` of `kind`'s workers `what` ("busy",
+    "queued"); fails after 60 s."""
+    end = time.monotonic() + 60
+    while (got := httpx.get(url + "/stats", timeout=10).json()["workers"][kind][what]) < n:
+        assert time.monotonic() < end, f"{kind} workers {what}: {got}, never {n}"
+        time.sleep(0.1)
+
+
+def _post_in_thread(url: str, **kwargs) -> tuple[threading.Thread, list[httpx.Response]]:
+    answer: list[httpx.Response] = []
+    sender = threading.Thread(target=lambda: answer.append(httpx.post(url, timeout=120, **kwargs)))
+    sender.start()
+    return sender, answer
+
+
+@pytest.mark.slow
+def test_busy_workers_are_a_503_never_a_400_blaming_the_client(session_home):
+    # One body worker and one parse worker, so a few requests fill them.
+    srv = Server([sys.executable, "-c", BOOT, "serve", "smollm2", "--ctx-size", "512"],
+                 name="llmctl serve",
+                 env={"LLMCTL_HOME": str(session_home), "LLMCTL_PARSE_DEADLINE_S": "3",
+                      "LLMCTL_WORKERS_PARSE": "1", "LLMCTL_WORKERS_BODY": "1"})
+    chat = {"messages": MSG, "max_tokens": 2}
+    with srv:
+        url = srv.url + "/v1/chat/completions"
+        # Large bodies fill the body workers; a small chat never waits on them.
+        big = b'{"messages": [' + b"[]," * ((7 << 20) // 3) + b'[]]}'
+        floods = [_post_in_thread(url, content=big, headers={"Content-Type": "application/json"})
+                  for _ in range(3)]
+        _wait_for_workers(srv.url, "body", "busy", 1)
+        r = httpx.post(url, json=chat, timeout=60)
+        assert r.status_code == 200, r.text
+        for sender, answer in floods:
+            sender.join(120)
+            assert answer[0].status_code in (400, 503), answer[0].text   # not chat messages
+        # A conversion that spins holds the one parse worker ...
+        path, _, body = _slow_requests()[0]
+        spinner = _post_in_thread(srv.url + path, json=body)
+        _wait_for_workers(srv.url, "parse", "busy", 1)
+        # ... so a healthy chat waits its whole deadline in the queue: the
+        # server is busy, a 503 to retry, not a 400 "took longer to convert".
+        r = httpx.post(url, json=chat, timeout=60)
+        assert r.status_code == 503 and r.headers.get("Retry-After") == "1", r.text
+        assert r.json()["error"]["code"] == "server_busy", r.text
+        assert "waited 3 s for a worker" in r.json()["error"]["message"], r.text
+        # Past 4 queued per worker, the next is refused at once, on both APIs.
+        queued = [_post_in_thread(url, json=chat) for _ in range(4)]
+        _wait_for_workers(srv.url, "parse", "queued", 4)
+        r = httpx.post(srv.url + "/api/chat", json={**chat, "stream": False}, timeout=60)
+        assert r.status_code == 503 and "already wait" in r.json()["error"], r.text
+        for sender, answer in [*queued, spinner]:
+            sender.join(120)
+            assert answer[0].status_code in (400, 503), answer[0].text
+        assert spinner[1][0].status_code == 400     # it ran past its deadline: its own fault
+        assert all(a[0].status_code == 503 for _, a in queued)
 
 
 def _post_quietly(url: str, body: dict) -> None:
@@ -160,3 +222,29 @@ def test_health_reports_a_stalled_engine(llm, monkeypatch):
     assert health.status_code == 503, health.text
     assert health.json() == {"status": "error",
                              "error": "model 'smollm2': no step for 30 s with 1 running"}
+
+
+def test_a_stalled_engine_is_refused_like_a_dead_one(llm, monkeypatch):
+    import asyncio
+
+    from llmctl.server.app import create_app
+    from llmctl.server.state import ServerState
+
+    app = create_app(ServerState.serving(llm))
+
+    async def chat(path: str, body: dict):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            return await c.post(path, json=body, timeout=60)
+
+    body = {"messages": MSG, "max_tokens": 2}
+    assert asyncio.run(chat("/v1/chat/completions", body)).status_code == 200
+    monkeypatch.setattr(llm.engine, "stalled", lambda: "no step for 30 s with 1 running")
+    # Before the fix the request queued on the wedged engine (here, one that
+    # still steps: it answered 200).
+    r = asyncio.run(chat("/v1/chat/completions", body))
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["code"] == "engine_failed", r.text
+    assert "is stalled: no step for 30 s" in r.json()["error"]["message"], r.text
+    r = asyncio.run(chat("/api/chat", {**body, "stream": False}))
+    assert r.status_code == 503 and "is stalled" in r.json()["error"], r.text
