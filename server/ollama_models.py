@@ -168,7 +168,7 @@ def _show(resolved: ResolvedModel, defaults, n_ctx: int | None) -> dict:
 async def show(request: Request):
     state = state_of(request)
     name = _model_name(await json_body(request))
-    resolved = await run_on(state.workers.query, state.pool.resolve, name)
+    resolved = await run_on(state.workers.resolve, state.pool.resolve, name)
     entry = state.pool.get(resolved.name)
     n_ctx = entry.llm.n_ctx if entry is not None and entry.llm is not None else None
     return await run_on(state.workers.query, _show, resolved, state.defaults, n_ctx)

@@ -13,7 +13,8 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from llmctl.errors import EngineFailed, InvalidParams, ModelLoading, ModelNotFound, ModelsBusy
-from llmctl.runtime.pool import Lease, Loaded, ModelPool, Reservation, parse_keep_alive
+from llmctl.runtime.keep_alive import parse_keep_alive
+from llmctl.runtime.pool import Lease, Loaded, ModelPool, Reservation
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.server.workers import Workers, run_on
 
@@ -91,7 +92,7 @@ class ServerState:
         def wake() -> None:             # on a pool thread, under its lock
             loop.call_soon_threadsafe(woken.set)
 
-        pool.add_waiter(wake)
+        pool.add_waiter(wake, resolved.name)    # woken only by room for this model
         try:
             deadline = loop.time() + pool.wait_s
             while True:
