@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,19 @@ def exactness():
     from llmctl.runtime.exactness import measure_rows
 
     return lambda flash_attn=False: measure_rows(smollm2_file(), flash_attn=flash_attn)
+
+
+def wait_until(cond, what: str, timeout: float, interval: float = 0.05):
+    """Poll `cond()` until it returns something truthy, and return that; a
+    bounded wait, so a hang fails the test instead of stalling the suite.
+    Raises AssertionError naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def ServerProcess(args: list[str], env: dict | None = None) -> Server:  # noqa: N802

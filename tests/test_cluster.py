@@ -12,14 +12,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from near_tie import assert_greedy_agree, top_from_openai
 
-from conftest import smollm2_file
+from conftest import smollm2_file, wait_until
 from llmctl.cluster.affinity import AFFINITY_CHARS, affinity_key, owner
 
 # ~600 SmolLM2 tokens: more than two 256-token blocks, so the disk cache keys on it.
@@ -38,13 +37,7 @@ def _chat(system: str, user: str = "Hi", **extra) -> dict:
 
 
 def _poll(fn, what: str):
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"gave up waiting for {what}")
+    return wait_until(fn, what, WAIT_S, interval=0.5)
 
 
 # ---- no cluster needed --------------------------------------------------------

@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 
 import httpx
 import numpy as np
 import pytest
 
+from conftest import wait_until
 from llmctl.bench.launcher import Server
 from llmctl.errors import InvalidParams
 from llmctl.runtime.embed import (
@@ -117,13 +117,7 @@ def _stats(srv: Server) -> dict:
 
 
 def _wait_for(cond, what: str):
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(cond, what, WAIT_S, interval=0.1)
 
 
 def _open_request(srv: Server, path: str, body: dict) -> socket.socket:

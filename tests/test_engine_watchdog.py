@@ -20,7 +20,7 @@ import time
 import httpx
 import pytest
 
-from conftest import smollm2_file
+from conftest import smollm2_file, wait_until
 from llmctl.errors import InvalidParams, UsageError
 from llmctl.runtime.grammar_budget import GrammarBudget, GrammarClock
 from llmctl.runtime.llm import LLM, LoadOptions
@@ -86,13 +86,7 @@ def _prompt(llm: LLM) -> list[int]:
 
 
 def _wait_for(cond, what: str, timeout: float = WAIT_S):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(cond, what, timeout)
 
 
 # ---- the grammar budget ---------------------------------------------------------------
