@@ -61,10 +61,12 @@ def check_settings() -> None:
     from llmctl.runtime.embed import max_request_tokens
     from llmctl.runtime.engine import stall_limit_s
     from llmctl.runtime.grammar_budget import GrammarBudget
+    from llmctl.server.workers import Workers
 
     stall_limit_s()
     GrammarBudget.from_env()
     max_request_tokens()
+    Workers().shutdown()        # their sizes; no thread starts before a call
 
 
 def check_port(host: str, port: int) -> None:

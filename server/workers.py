@@ -119,11 +119,13 @@ class DaemonExecutor(cf.Executor):
 
 
 def _env_int(name: str, default: int) -> int:
-    return max(1, int(config.env(name, str(default))))
+    return int(config.positive(name, default, integer=True))
 
 
-PARSE_DEADLINE_S = float(config.env("PARSE_DEADLINE_S", "10"))
-BODY_DEADLINE_S = float(config.env("BODY_DEADLINE_S", "10"))
+# Read when `serve` first imports this module, before it listens: a bad value
+# is a one-line UsageError naming the variable.
+PARSE_DEADLINE_S = config.positive("PARSE_DEADLINE_S", 10.0, unit="seconds")
+BODY_DEADLINE_S = config.positive("BODY_DEADLINE_S", 10.0, unit="seconds")
 # Calls that may wait per worker: past it a request is refused at once
 # rather than queued holding its body.
 QUEUE_PER_WORKER = 4

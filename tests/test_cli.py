@@ -120,7 +120,7 @@ def test_second_architecture_gemma3(tmp_path):
 
 
 @pytest.mark.parametrize("name,value", [("ENGINE_STALL_S", "soon"), ("GRAMMAR_BUDGET_MS", "0"),
-                                        ("EMBED_MAX_TOKENS", "1.5")])
+                                        ("EMBED_MAX_TOKENS", "1.5"), ("WORKERS_PARSE", "0")])
 def test_serve_refuses_a_bad_setting_before_it_listens(monkeypatch, name, value):
     # A setting is the operator's mistake: one line at start, not a client's 400 later.
     monkeypatch.setenv(f"LLMCTL_{name}", value)
