@@ -11,7 +11,7 @@ from typing_extensions import Annotated
 from llmctl import config
 from llmctl.cli import options as o
 from llmctl.cli.common import handle_errors, human_bytes, out, print_json
-from llmctl.runtime import kv_disk
+from llmctl.runtime.prefix_cache import disk as kv_disk
 
 
 def _root():

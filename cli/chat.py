@@ -14,7 +14,7 @@ from llmctl.cli.common import err, handle_errors, out, write_out
 
 if TYPE_CHECKING:
     from llmctl.runtime.chat_session import ChatSession, TurnStats
-    from llmctl.runtime.stats import Stats
+    from llmctl.runtime.engine.stats import Stats
 
 HELP = """Commands:
   /help          show this help

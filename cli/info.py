@@ -56,7 +56,7 @@ def _exactness() -> dict[str, Any]:
     or the reason it could not be made. Raises nothing: info must still
     answer on a machine with no model."""
     from llmctl.errors import LlmctlError
-    from llmctl.runtime.exactness import measure_rows
+    from llmctl.runtime.llama.exactness import measure_rows
     from llmctl.store.resolve import resolve_model
 
     try:
@@ -73,7 +73,7 @@ def _exactness_rows(table: Table, exactness: dict[str, Any]) -> None:
     if not exactness["measured"]:
         table.add_row("[bold]exactness[/]", f"not measured: {exactness['reason']}")
         return
-    from llmctl.runtime.exactness import RowExactness
+    from llmctl.runtime.llama.exactness import RowExactness
 
     for label, flash in _SETTINGS:
         r = RowExactness(**exactness["flash_attn_on" if flash else "flash_attn_off"])

@@ -95,7 +95,7 @@ class Generation:
 
     def _grammar(self) -> str | None:
         from llmctl.errors import UsageError
-        from llmctl.runtime.grammar import json_object_grammar, json_schema_grammar
+        from llmctl.runtime.formats.grammar import json_object_grammar, json_schema_grammar
 
         if self.format not in (None, "json"):
             raise UsageError(f"--format {self.format!r}: only json is supported")

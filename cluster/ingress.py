@@ -226,7 +226,7 @@ class Ingress:
         return {"replicas": per, "routing": dict(affinity.DECISIONS)}
 
     async def _metrics(self) -> str:
-        from llmctl.runtime.stats import combine
+        from llmctl.runtime.engine.stats import combine
         from llmctl.server.metrics import render
 
         rows = await self._rows()

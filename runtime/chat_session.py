@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from llmctl.runtime.events import FinishEvent, TokenEvent
+from llmctl.runtime.engine.events import FinishEvent, TokenEvent
 
 if TYPE_CHECKING:
     from llmctl.runtime.llm import LLM

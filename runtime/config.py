@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from llmctl.errors import UsageError
 from llmctl.kv_types import KV_TYPES
 from llmctl.runtime import planner
-from llmctl.runtime.speculate import SpecConfig
+from llmctl.runtime.speculation.ngram import SpecConfig
 
 
 @dataclass(frozen=True)

@@ -10,19 +10,19 @@ from typing import Callable, Iterator
 
 from llmctl.errors import ContextOverflow, InvalidParams, UsageError
 from llmctl.runtime import planner
-from llmctl.runtime.backend import LlamaModel, supports_gpu_offload
-from llmctl.runtime.bridge import EventBridge
 from llmctl.runtime.config import EngineShape, LoadOptions
-from llmctl.runtime.draft import check_compatible
-from llmctl.runtime.engine import Engine
-from llmctl.runtime.events import ErrorEvent, FinishEvent, TokenEvent, Usage
-from llmctl.runtime.logprobs import TokenLogprob
-from llmctl.runtime.prefix_cache import PrefixCache
+from llmctl.runtime.engine.bridge import EventBridge
+from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent, Usage
+from llmctl.runtime.engine.logprobs import TokenLogprob
+from llmctl.runtime.engine.loop import Engine
+from llmctl.runtime.engine.sequence import Sequence
+from llmctl.runtime.engine.stats import Stats
+from llmctl.runtime.formats.template import ChatTemplate, normalize_messages
+from llmctl.runtime.llama.backend import LlamaModel, supports_gpu_offload
+from llmctl.runtime.prefix_cache.cache import PrefixCache
 from llmctl.runtime.sampling import SamplingParams
-from llmctl.runtime.sequence import Sequence
-from llmctl.runtime.stats import Stats
+from llmctl.runtime.speculation.draft import check_compatible
 from llmctl.runtime.system import default_threads, list_gpus
-from llmctl.runtime.template import ChatTemplate, normalize_messages
 from llmctl.store.registry import load_registry
 from llmctl.store.resolve import ResolvedModel, resolve_model
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from llmctl.errors import InvalidParams
-from llmctl.runtime.grammar_limits import MAX_GRAMMAR_CHARS
+from llmctl.runtime.formats.grammar_limits import MAX_GRAMMAR_CHARS
 
 # GBNF text is compiled by llama.cpp for every request that carries it; its
 # bound is the converter's own (MAX_GRAMMAR_CHARS), so a grammar built from

@@ -111,7 +111,7 @@ def _build_flags() -> str:
 
 
 def system_info() -> SystemInfo:
-    from llmctl.runtime import backend
+    from llmctl.runtime.llama import backend
 
     text = backend.system_info()
     features = sorted({part.split("=")[0].split(":")[-1].strip()

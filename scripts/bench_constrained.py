@@ -19,7 +19,7 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from llmctl.runtime.grammar import json_schema_grammar
+from llmctl.runtime.formats.grammar import json_schema_grammar
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
 

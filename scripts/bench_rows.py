@@ -8,7 +8,7 @@ row alone and beside another sequence's row), with ggml's CPU weight
 repacking on and off. Flash attention on by default, as speculation uses
 it; `--flash-attn off` measures what a prefix-cache hit and a batched
 request depend on under the server's default settings (docs/exactness.md).
-The exactness figure is llmctl.runtime.exactness's, the one `llmctl info`
+The exactness figure is llmctl.runtime.llama.exactness's, the one `llmctl info`
 and the test suite read.
 
     .venv/bin/python scripts/bench_rows.py [--model qwen2.5-coder-1.5b] [--threads 2]
@@ -22,9 +22,9 @@ import json
 import statistics
 import time
 
-from llmctl.runtime.backend import ContextConfig, LlamaContext, LlamaModel
-from llmctl.runtime.exactness import ROWS as CHECKED
-from llmctl.runtime.exactness import TEXT, compare_rows
+from llmctl.runtime.llama.backend import ContextConfig, LlamaContext, LlamaModel
+from llmctl.runtime.llama.exactness import ROWS as CHECKED
+from llmctl.runtime.llama.exactness import TEXT, compare_rows
 from llmctl.store.resolve import resolve_model
 
 ROWS = (1, 2, 3, 5, 9)

@@ -20,7 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from llmctl.bench.launcher import Server
-from llmctl.runtime import backend, engine
+from llmctl.runtime.engine import loop as engine
+from llmctl.runtime.llama import backend
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
 

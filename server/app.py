@@ -8,7 +8,9 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from llmctl.server import completions, embeddings, errors, info_routes, middleware, ollama
+from llmctl.server import errors, info_routes, middleware
+from llmctl.server.ollama import routes as ollama
+from llmctl.server.openai import completions, embeddings
 from llmctl.server.state import ServerState
 
 

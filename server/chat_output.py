@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmctl.runtime.tool_calls import (
+from llmctl.runtime.formats.tool_calls import (
     ContentDelta,
     ReasoningDelta,
     ToolCallDelta,

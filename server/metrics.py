@@ -4,7 +4,7 @@ come from the engine's one Stats snapshot (runtime/stats.py)."""
 
 from __future__ import annotations
 
-from llmctl.runtime.stats import Histogram, Stats
+from llmctl.runtime.engine.stats import Histogram, Stats
 
 _P = "llmctl"
 

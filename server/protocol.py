@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from llmctl.errors import InvalidParams
-from llmctl.runtime.events import Usage
+from llmctl.runtime.engine.events import Usage
 from llmctl.runtime.sampling import MAX_STOPS, MAX_TOP_LOGPROBS, SamplingParams
 from llmctl.server.tool_protocol import Structured, parse_structured
 

@@ -14,7 +14,7 @@ from llmctl.errors import UsageError
 from llmctl.runtime.config import LoadOptions
 from llmctl.runtime.keep_alive import FOREVER
 from llmctl.runtime.llm import check_draft
-from llmctl.runtime.pool import ModelPool
+from llmctl.runtime.pool.model_pool import ModelPool
 from llmctl.server.app import create_app
 from llmctl.server.state import HttpPolicy, ServerState
 from llmctl.store.registry import load_registry
@@ -59,8 +59,8 @@ def check_settings() -> None:
     `serve` before it listens instead of failing a client's request. Raises
     UsageError naming the variable."""
     from llmctl.runtime.embed import max_request_tokens
-    from llmctl.runtime.engine import stall_limit_s
-    from llmctl.runtime.grammar_budget import GrammarBudget
+    from llmctl.runtime.engine.loop import stall_limit_s
+    from llmctl.runtime.llama.grammar_budget import GrammarBudget
     from llmctl.server.workers import Workers
 
     stall_limit_s()

@@ -14,7 +14,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from llmctl.errors import EngineFailed, InvalidParams, ModelLoading, ModelNotFound, ModelsBusy
 from llmctl.runtime.keep_alive import parse_keep_alive
-from llmctl.runtime.pool import Lease, Loaded, ModelPool, Reservation
+from llmctl.runtime.pool.model_pool import Lease, Loaded, ModelPool, Reservation
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.server.workers import Workers, run_on
 

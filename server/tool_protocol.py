@@ -9,10 +9,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from llmctl.errors import InvalidParams
-from llmctl.runtime.grammar import json_object_grammar, json_schema_grammar, tool_call_grammar
+from llmctl.runtime.formats.grammar import json_object_grammar, json_schema_grammar, tool_call_grammar
+from llmctl.runtime.formats.tool_calls import ToolFormat
+from llmctl.runtime.formats.tool_schema import ToolChoice, validate_tool_choice, validate_tools
 from llmctl.runtime.sampling import SamplingParams, parse_logit_bias
-from llmctl.runtime.tool_calls import ToolFormat
-from llmctl.runtime.tool_schema import ToolChoice, validate_tool_choice, validate_tools
 from llmctl.server.chat_output import ToolSetup
 
 # llama-server's --reasoning-format values that llmctl implements.

@@ -2,7 +2,7 @@
 company (alone or batched, cold or from the prefix cache).
 
 Where this machine computes a row the same alone and in a batch
-(llmctl.runtime.exactness measures it; the `exactness` fixture), the two
+(llmctl.runtime.llama.exactness measures it; the `exactness` fixture), the two
 answers must be identical. Elsewhere their logits differ by rounding, so
 the answers must agree up to the first near-tie: the first position where
 they differ must be one where the reference run's top candidates were

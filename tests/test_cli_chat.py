@@ -3,7 +3,7 @@ touch the session's state (answers are covered end to end in test_cli.py)."""
 
 from llmctl.cli.chat import HELP, describe_stats, slash
 from llmctl.runtime.chat_session import ChatSession, TurnStats
-from llmctl.runtime.events import FinishEvent, Usage
+from llmctl.runtime.engine.events import FinishEvent, Usage
 
 
 def _session() -> ChatSession:

@@ -1,4 +1,4 @@
-from llmctl.runtime.detok import StopMatcher, Utf8Stream
+from llmctl.runtime.engine.detok import StopMatcher, Utf8Stream
 
 
 def test_multibyte_character_split_across_tokens_is_emitted_whole():

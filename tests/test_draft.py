@@ -15,13 +15,13 @@ import pytest
 from near_tie import assert_completions_agree
 
 from llmctl.errors import UsageError
-from llmctl.runtime.backend import ContextConfig, LlamaModel, capture_log, file_types, quantize_file
-from llmctl.runtime.draft import Drafter, check_compatible
-from llmctl.runtime.exactness import measure_rows
+from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig
+from llmctl.runtime.llama.backend import ContextConfig, LlamaModel, capture_log, file_types, quantize_file
+from llmctl.runtime.llama.exactness import measure_rows
 from llmctl.runtime.llm import LLM, LoadOptions, check_draft
 from llmctl.runtime.sampling import SamplingParams
-from llmctl.runtime.scheduler import Scheduler, SchedulerConfig
-from llmctl.runtime.speculate import SpecConfig
+from llmctl.runtime.speculation.draft import Drafter, check_compatible
+from llmctl.runtime.speculation.ngram import SpecConfig
 from llmctl.store.resolve import ResolvedModel, resolve_model
 from tests.conftest import smollm2_file
 from tests.test_speculate import PARAMS, answers, decoding, same_as_plain

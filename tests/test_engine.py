@@ -9,7 +9,7 @@ import pytest
 from near_tie import assert_completions_agree
 
 from llmctl.errors import ContextOverflow, InvalidParams, QueueFull
-from llmctl.runtime.events import ErrorEvent, FinishEvent, TokenEvent
+from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent
 from llmctl.runtime.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24)

@@ -14,8 +14,8 @@ from near_tie import assert_completions_agree
 
 from conftest import smollm2_file
 from llmctl.errors import DecodeError, EngineFailed
-from llmctl.runtime import engine as engine_mod
-from llmctl.runtime.events import ErrorEvent
+from llmctl.runtime.engine import loop as engine_mod
+from llmctl.runtime.engine.events import ErrorEvent
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.store.resolve import ResolvedModel

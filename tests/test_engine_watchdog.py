@@ -22,7 +22,7 @@ import pytest
 
 from conftest import smollm2_file, wait_until
 from llmctl.errors import InvalidParams, UsageError
-from llmctl.runtime.grammar_budget import GrammarBudget, GrammarClock
+from llmctl.runtime.llama.grammar_budget import GrammarBudget, GrammarClock
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.server.app import create_app
@@ -231,7 +231,7 @@ def test_work_arriving_after_an_idle_spell_is_not_a_stall(engine_llm, monkeypatc
 
 
 def test_the_stall_limit_comes_from_the_environment(monkeypatch, engine_llm):
-    from llmctl.runtime import engine as engine_module
+    from llmctl.runtime.engine import loop as engine_module
 
     monkeypatch.setenv("LLMCTL_ENGINE_STALL_S", "7.5")
     assert engine_module.stall_limit_s() == 7.5

@@ -1,4 +1,4 @@
-"""The row-exactness measurement (llmctl.runtime.exactness) that decides,
+"""The row-exactness measurement (llmctl.runtime.llama.exactness) that decides,
 on the machine the suite runs on, whether greedy answers may be compared
 for identity across batch shapes; `llmctl info` reporting it; and the
 near-tie comparison the tests use where it says not exact (issue 20,
@@ -16,8 +16,8 @@ import pytest
 from near_tie import NEAR_TIE, assert_greedy_agree, assert_same_until_near_tie
 
 from conftest import REPO, smollm2_file
-from llmctl.runtime import exactness as ex
-from llmctl.runtime.backend import ContextConfig, LlamaContext, LlamaModel
+from llmctl.runtime.llama import exactness as ex
+from llmctl.runtime.llama.backend import ContextConfig, LlamaContext, LlamaModel
 
 
 @pytest.mark.parametrize("flash_attn", [False, True])

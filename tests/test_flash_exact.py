@@ -11,9 +11,9 @@ import pytest
 from near_tie import assert_same_until_near_tie, top_from_engine
 from test_prefix_cache import SHARED, SUFFIXES, kv_files, load
 
+from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig, exact_reuse
+from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.sampling import SamplingParams
-from llmctl.runtime.scheduler import Scheduler, SchedulerConfig, exact_reuse
-from llmctl.runtime.sequence import Sequence, Status
 
 TILE = SchedulerConfig.tile
 # Log-probabilities expose any change in the logits, not only in the argmax.

@@ -11,9 +11,9 @@ import jsonschema
 import pytest
 
 from llmctl.errors import InvalidParams
-from llmctl.runtime.backend import validate_grammar, validate_sampling
-from llmctl.runtime.events import TokenEvent
-from llmctl.runtime.grammar import json_object_grammar, json_schema_grammar, tool_call_grammar
+from llmctl.runtime.engine.events import TokenEvent
+from llmctl.runtime.formats.grammar import json_object_grammar, json_schema_grammar, tool_call_grammar
+from llmctl.runtime.llama.backend import validate_grammar, validate_sampling
 from llmctl.runtime.sampling import SamplingParams
 
 PROMPTS = ["Describe a person as JSON.", "Give me data about a city.",

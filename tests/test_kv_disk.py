@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from llmctl.runtime import kv_disk
-from llmctl.runtime.kv_disk import BLOCK, DiskStore, block_chain
+from llmctl.runtime.prefix_cache import disk as kv_disk
+from llmctl.runtime.prefix_cache.disk import BLOCK, DiskStore, block_chain
 
 IDENTITY = {"model": "tiny", "sha256": "ab" * 32, "n_ctx_seq": 1024, "format": 1}
 PROMPT = list(range(1000, 1600))        # two whole blocks and a tail

@@ -17,7 +17,7 @@ import pytest
 
 from llmctl.bench.launcher import Server
 from llmctl.runtime.config import LoadOptions
-from llmctl.runtime.pool import estimate_bytes
+from llmctl.runtime.pool.model_pool import estimate_bytes
 from llmctl.store.resolve import resolve_model
 
 MODELS = ("smollm2", "gemma3-270m")

@@ -12,11 +12,11 @@ from near_tie import assert_greedy_agree, top_from_openai
 
 from llmctl import __version__
 from llmctl.bench.launcher import Server
-from llmctl.runtime.events import FinishEvent, TokenEvent, Usage
-from llmctl.runtime.tool_calls import ToolFormat
+from llmctl.runtime.engine.events import FinishEvent, TokenEvent, Usage
+from llmctl.runtime.formats.tool_calls import ToolFormat
 from llmctl.server.chat_output import ChatShaper, ToolSetup
-from llmctl.server.ollama import _Timing, _Writer
-from llmctl.server.ollama_request import chat_messages
+from llmctl.server.ollama.request import chat_messages
+from llmctl.server.ollama.routes import _Timing, _Writer
 from llmctl.store.resolve import UNKNOWN_MODEL
 
 MSG = [{"role": "user", "content": "Name three colours."}]

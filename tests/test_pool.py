@@ -9,7 +9,7 @@ import pytest
 from llmctl.errors import ModelNotFound, ModelsBusy, ModelTooLarge
 from llmctl.runtime.config import LoadOptions
 from llmctl.runtime.keep_alive import FOREVER, parse_keep_alive
-from llmctl.runtime.pool import ModelPool, estimate_bytes
+from llmctl.runtime.pool.model_pool import ModelPool, estimate_bytes
 from llmctl.store.resolve import resolve_model
 
 OPTS = LoadOptions(ctx_size=256, max_num_seqs=2, max_num_batched_tokens=64, threads=1,

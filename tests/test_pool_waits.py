@@ -16,8 +16,8 @@ import pytest
 from llmctl.bench.launcher import Server
 from llmctl.errors import LlmctlError, ModelsBusy
 from llmctl.runtime.config import LoadOptions
-from llmctl.runtime.pool import Loaded, ModelPool, estimate_bytes
-from llmctl.server.ollama_models import _expiry
+from llmctl.runtime.pool.model_pool import Loaded, ModelPool, estimate_bytes
+from llmctl.server.ollama.models import _expiry
 from llmctl.server.state import ServerState
 from llmctl.server.workers import run_on
 from llmctl.store.resolve import resolve_model

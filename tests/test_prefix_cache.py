@@ -19,11 +19,11 @@ import pytest
 from near_tie import assert_completions_agree, assert_greedy_agree
 
 from conftest import ServerProcess, smollm2_file
-from llmctl.runtime import kv_disk
-from llmctl.runtime.exactness import measure_rows
+from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig, usable_prefix
+from llmctl.runtime.engine.sequence import Sequence, Status
+from llmctl.runtime.llama.exactness import measure_rows
+from llmctl.runtime.prefix_cache import disk as kv_disk
 from llmctl.runtime.sampling import SamplingParams
-from llmctl.runtime.scheduler import Scheduler, SchedulerConfig, usable_prefix
-from llmctl.runtime.sequence import Sequence, Status
 
 # ---- scheduler decisions, no model ----------------------------------------------
 

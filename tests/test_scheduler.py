@@ -3,9 +3,9 @@
 import pytest
 
 from llmctl.errors import QueueFull
+from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig
+from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.sampling import SamplingParams
-from llmctl.runtime.scheduler import Scheduler, SchedulerConfig
-from llmctl.runtime.sequence import Sequence, Status
 
 
 def seq(n_prompt: int, max_new: int = 8, **params) -> Sequence:

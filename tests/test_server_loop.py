@@ -23,7 +23,7 @@ SLOW = {"type": "object", "description": "slow"}     # the marker the patched co
 # as the endless $ref loop of finding 1 did) on any schema marked "slow".
 BOOT = """
 import sys, time
-import llmctl.runtime.grammar as g
+import llmctl.runtime.formats.grammar as g
 visit = g._Converter.visit
 def spin(self, schema, *args, **kwargs):
     if isinstance(schema, dict) and schema.get("description") == "slow":

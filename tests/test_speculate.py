@@ -9,11 +9,11 @@ import threading
 import pytest
 from near_tie import assert_same_until_near_tie, top_from_engine
 
+from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig
+from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
-from llmctl.runtime.scheduler import Scheduler, SchedulerConfig
-from llmctl.runtime.sequence import Sequence, Status
-from llmctl.runtime.speculate import NGRAM_MAX, NGRAM_MIN, SpecConfig, ngram_draft
+from llmctl.runtime.speculation.ngram import NGRAM_MAX, NGRAM_MIN, SpecConfig, ngram_draft
 from llmctl.store.resolve import ResolvedModel
 from tests.conftest import smollm2_file
 

@@ -1,7 +1,7 @@
 import pytest
 
 from llmctl.errors import InvalidParams, TemplateError
-from llmctl.runtime.template import ChatTemplate, normalize_messages
+from llmctl.runtime.formats.template import ChatTemplate, normalize_messages
 
 MSGS = [{"role": "user", "content": "hi"}]
 

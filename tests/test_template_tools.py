@@ -10,8 +10,8 @@ import pytest
 
 from conftest import smollm2_file
 from llmctl.errors import InvalidParams, TemplateError
-from llmctl.runtime.template import ChatTemplate, normalize_messages
-from llmctl.runtime.tool_calls import ToolFormat
+from llmctl.runtime.formats.template import ChatTemplate, normalize_messages
+from llmctl.runtime.formats.tool_calls import ToolFormat
 from llmctl.store.gguf_header import read_header
 from llmctl.store.gguf_info import read_gguf_info
 from llmctl.store.parts import locate_parts

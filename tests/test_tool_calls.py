@@ -4,8 +4,8 @@ import random
 import pytest
 
 from llmctl.errors import InvalidParams
-from llmctl.runtime.reasoning import ThinkSplitter, opens_thought
-from llmctl.runtime.tool_calls import (
+from llmctl.runtime.formats.reasoning import ThinkSplitter, opens_thought
+from llmctl.runtime.formats.tool_calls import (
     ContentDelta,
     ParsedMessage,
     ReasoningDelta,
@@ -17,7 +17,7 @@ from llmctl.runtime.tool_calls import (
     detect_format,
     parse_tool_calls,
 )
-from llmctl.runtime.tool_schema import (
+from llmctl.runtime.formats.tool_schema import (
     ToolChoice,
     normalize_tool_calls,
     normalize_tool_result,

@@ -20,8 +20,8 @@ import logging
 import numpy as np
 
 from llmctl.errors import DecodeError, UsageError
-from llmctl.runtime.backend import ContextConfig, LlamaContext, LlamaModel
-from llmctl.runtime.scheduler import usable_prefix
+from llmctl.runtime.engine.scheduler import usable_prefix
+from llmctl.runtime.llama.backend import ContextConfig, LlamaContext, LlamaModel
 
 log = logging.getLogger("llmctl.draft")
 

@@ -23,8 +23,8 @@ import json
 import re
 from typing import Callable
 
-from llmctl.runtime.reasoning import ThinkSplitter, partial_marker_len
-from llmctl.runtime.tool_shapes import (
+from llmctl.runtime.formats.reasoning import ThinkSplitter, partial_marker_len
+from llmctl.runtime.formats.tool_shapes import (
     ContentDelta,
     Delta,
     ParsedMessage,

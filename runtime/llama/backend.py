@@ -20,7 +20,7 @@ import llama_cpp as lc
 import numpy as np
 
 from llmctl.errors import BadModelFile, DecodeError, InvalidParams, LlmctlError, UsageError
-from llmctl.runtime.grammar_budget import GrammarBudget, GrammarClock
+from llmctl.runtime.llama.grammar_budget import GrammarBudget, GrammarClock
 from llmctl.runtime.sampling import SamplingParams
 
 _init_lock = threading.Lock()

@@ -17,11 +17,12 @@ from typing import Callable
 
 from llmctl.errors import LlmctlError, ModelsBusy
 from llmctl.runtime.config import LoadOptions
+from llmctl.runtime.engine.stats import Stats, combine
 
 # parse_keep_alive and MAX_KEEP_ALIVE_S are re-exported for server/state.py,
 # server/serve.py and older imports; runtime.keep_alive is their home.
 from llmctl.runtime.keep_alive import FOREVER, MAX_KEEP_ALIVE_S, parse_keep_alive  # noqa: F401
-from llmctl.runtime.pool_room import (
+from llmctl.runtime.pool.room import (
     Loaded,
     NeedCache,
     Reservation,
@@ -33,7 +34,6 @@ from llmctl.runtime.pool_room import (
     status_of,
     waiters_max,
 )
-from llmctl.runtime.stats import Stats, combine
 from llmctl.store.registry import load_registry
 from llmctl.store.resolve import ResolvedModel, resolve_name
 

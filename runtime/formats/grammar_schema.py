@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from llmctl.runtime.grammar_limits import MAX_DEPTH, MAX_SCHEMA_CHARS, Budget, bad
+from llmctl.runtime.formats.grammar_limits import MAX_DEPTH, MAX_SCHEMA_CHARS, Budget, bad
 
 MAX_REPEAT = 1_000          # llama.cpp refuses repetitions over 2000
 TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")

@@ -16,15 +16,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from llmctl.errors import InvalidParams
-from llmctl.runtime.events import ErrorEvent, FinishEvent, TokenEvent
+from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent
+from llmctl.runtime.formats.reasoning import THINK_OPEN, opens_thought
 from llmctl.runtime.llm import LLM
-from llmctl.runtime.pool import Lease
-from llmctl.runtime.reasoning import THINK_OPEN, opens_thought
-from llmctl.server import ollama_models
+from llmctl.runtime.pool.model_pool import Lease
 from llmctl.server.body import json_body
 from llmctl.server.chat_output import ChatShaper
-from llmctl.server.completions import cancel_on_disconnect
-from llmctl.server.ollama_request import (
+from llmctl.server.ollama import models as ollama_models
+from llmctl.server.ollama.request import (
     GeneratePrompt,
     OllamaRoute,
     Options,
@@ -39,6 +38,7 @@ from llmctl.server.ollama_request import (
     reasoning_format,
     rfc3339,
 )
+from llmctl.server.openai.completions import cancel_on_disconnect
 from llmctl.server.state import ServerState, leased, state_of
 from llmctl.server.tool_protocol import Structured
 from llmctl.server.workers import converting_field, parse_within_deadline, run_on

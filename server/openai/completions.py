@@ -14,15 +14,15 @@ from starlette.background import BackgroundTask
 
 from llmctl import config
 from llmctl.errors import InvalidParams
-from llmctl.runtime.events import ErrorEvent, FinishEvent, TokenEvent, Usage
+from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent, Usage
+from llmctl.runtime.formats.reasoning import THINK_OPEN, opens_thought
 from llmctl.runtime.llm import LLM, AsyncStream
-from llmctl.runtime.pool import Lease
-from llmctl.runtime.reasoning import THINK_OPEN, opens_thought
+from llmctl.runtime.pool.model_pool import Lease
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.server import errors
 from llmctl.server.body import json_body
 from llmctl.server.chat_output import ChatShaper
-from llmctl.server.choices import ChoiceWriter
+from llmctl.server.openai.choices import ChoiceWriter
 from llmctl.server.protocol import ParsedRequest, ResponseIds, parse_request
 from llmctl.server.state import ServerState, leased, state_of
 from llmctl.server.workers import converting_field, parse_within_deadline, run_on

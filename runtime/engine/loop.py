@@ -21,17 +21,17 @@ from typing import Any, Callable
 
 from llmctl import config
 from llmctl.errors import ContextOverflow, DecodeError, EngineFailed, InvalidParams, LlmctlError
-from llmctl.runtime.backend import ContextConfig, LlamaContext, LlamaModel, Sampler, validate_sampling
 from llmctl.runtime.config import EngineShape, LoadOptions
-from llmctl.runtime.detok import StopMatcher, Utf8Stream
-from llmctl.runtime.draft import Drafter
-from llmctl.runtime.events import ErrorEvent, FinishEvent, TokenEvent, Usage
-from llmctl.runtime.grammar_budget import GrammarBudget
-from llmctl.runtime.logprobs import TokenLogprob, token_logprob
+from llmctl.runtime.engine.detok import StopMatcher, Utf8Stream
+from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent, Usage
+from llmctl.runtime.engine.logprobs import TokenLogprob, token_logprob
+from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig, Work
+from llmctl.runtime.engine.sequence import Sequence, Status
+from llmctl.runtime.engine.stats import Stats
+from llmctl.runtime.llama.backend import ContextConfig, LlamaContext, LlamaModel, Sampler, validate_sampling
+from llmctl.runtime.llama.grammar_budget import GrammarBudget
 from llmctl.runtime.sampling import SamplingParams
-from llmctl.runtime.scheduler import Scheduler, SchedulerConfig, Work
-from llmctl.runtime.sequence import Sequence, Status
-from llmctl.runtime.stats import Stats
+from llmctl.runtime.speculation.draft import Drafter
 
 log = logging.getLogger("llmctl.engine")
 

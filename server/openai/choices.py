@@ -5,8 +5,8 @@ request asked for them (chat: `{"content": [...]}`; completions: the legacy
 
 from __future__ import annotations
 
-from llmctl.runtime.events import FinishEvent, TokenEvent
-from llmctl.runtime.logprobs import Alternative, TokenLogprob
+from llmctl.runtime.engine.events import FinishEvent, TokenEvent
+from llmctl.runtime.engine.logprobs import Alternative, TokenLogprob
 from llmctl.server.chat_output import ChatShaper
 
 

@@ -50,7 +50,7 @@ from llmctl.files import (
     owned_stat,
     remove_owned,
 )
-from llmctl.runtime.scheduler import usable_prefix
+from llmctl.runtime.engine.scheduler import usable_prefix
 
 log = logging.getLogger("llmctl.prefix_cache")
 

@@ -10,11 +10,11 @@ from fastapi import APIRouter, Request
 
 from llmctl import __version__
 from llmctl.errors import InvalidParams, LlmctlError
-from llmctl.runtime.pool import Loaded
-from llmctl.runtime.reasoning import THINK_OPEN
-from llmctl.runtime.template import ChatTemplate
+from llmctl.runtime.formats.reasoning import THINK_OPEN
+from llmctl.runtime.formats.template import ChatTemplate
+from llmctl.runtime.pool.model_pool import Loaded
 from llmctl.server.body import json_body
-from llmctl.server.ollama_request import (
+from llmctl.server.ollama.request import (
     OllamaRoute,
     far_future,
     ns,
@@ -185,7 +185,7 @@ def _texts(value) -> list[str]:
 @router.post("/api/embed")
 async def embed(request: Request):
     from llmctl.runtime.embed import embed_texts
-    from llmctl.server.embeddings import embed_watched
+    from llmctl.server.openai.embeddings import embed_watched
 
     start = time.monotonic()
     state = state_of(request)
@@ -211,7 +211,7 @@ async def embeddings_legacy(request: Request):
     """Ollama's older route: one `prompt`, one `embedding` (empty for an
     empty prompt), with the same cancellation and limits as /api/embed."""
     from llmctl.runtime.embed import embed_texts
-    from llmctl.server.embeddings import embed_watched
+    from llmctl.server.openai.embeddings import embed_watched
 
     state = state_of(request)
     body = await json_body(request)

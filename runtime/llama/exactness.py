@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from llmctl.runtime import backend
-from llmctl.runtime.backend import ContextConfig, LlamaContext, LlamaModel
+from llmctl.runtime.llama import backend
+from llmctl.runtime.llama.backend import ContextConfig, LlamaContext, LlamaModel
 
 # Any text works: the measurement needs real tokens, not meaning.
 TEXT = "The quick brown fox jumps over the lazy dog while the hash table grows. " * 60

@@ -18,10 +18,10 @@ import logging
 from pathlib import Path
 
 from llmctl import config
-from llmctl.runtime.backend import LLAMA_CPP_VERSION
-from llmctl.runtime.kv_disk import BLOCK, DiskStore, Hit
-from llmctl.runtime.scheduler import SchedulerConfig, exact_reuse
-from llmctl.runtime.sequence import Sequence
+from llmctl.runtime.engine.scheduler import SchedulerConfig, exact_reuse
+from llmctl.runtime.engine.sequence import Sequence
+from llmctl.runtime.llama.backend import LLAMA_CPP_VERSION
+from llmctl.runtime.prefix_cache.disk import BLOCK, DiskStore, Hit
 
 log = logging.getLogger("llmctl.prefix_cache")
 

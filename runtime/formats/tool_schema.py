@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from llmctl.errors import InvalidParams
-from llmctl.runtime.tool_shapes import MAX_JSON_DEPTH, _loads
+from llmctl.runtime.formats.tool_shapes import MAX_JSON_DEPTH, _loads
 
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 # OpenAI's limit; each tool is rendered into the prompt and the grammar.

@@ -20,8 +20,8 @@ from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from llmctl.errors import InvalidParams, TemplateError
-from llmctl.runtime.tool_calls import ToolFormat, detect_format
-from llmctl.runtime.tool_schema import normalize_tool_calls, normalize_tool_result, validate_tools
+from llmctl.runtime.formats.tool_calls import ToolFormat, detect_format
+from llmctl.runtime.formats.tool_schema import normalize_tool_calls, normalize_tool_result, validate_tools
 
 # Used when a GGUF carries no template: ChatML is what most small
 # instruction-tuned models (SmolLM2 and Qwen among them) were trained on.

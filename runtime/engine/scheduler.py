@@ -34,9 +34,9 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from llmctl.errors import QueueFull
-from llmctl.runtime.sequence import Sequence, Status
-from llmctl.runtime.speculate import SpecConfig, ngram_draft
-from llmctl.runtime.stats import Stats, StatsCollector
+from llmctl.runtime.engine.sequence import Sequence, Status
+from llmctl.runtime.engine.stats import Stats, StatsCollector
+from llmctl.runtime.speculation.ngram import SpecConfig, ngram_draft
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 produces: which syntax a chat template teaches, OpenAI-shaped calls, the
 message a whole answer parses into and the deltas a streamed one does.
 
-Everything here is importable from llmctl.runtime.tool_calls as well."""
+Everything here is importable from llmctl.runtime.formats.tool_calls as well."""
 
 from __future__ import annotations
 

@@ -21,9 +21,9 @@ from dataclasses import replace
 from typing import Any
 
 from llmctl.errors import InvalidParams
-from llmctl.runtime import grammar_limits as gl
-from llmctl.runtime import grammar_schema as gs
-from llmctl.runtime.grammar_limits import bad as _bad
+from llmctl.runtime.formats import grammar_limits as gl
+from llmctl.runtime.formats import grammar_schema as gs
+from llmctl.runtime.formats.grammar_limits import bad as _bad
 
 # Whitespace is at most one space: a model left free to emit newlines and
 # indentation can run away in them until max_tokens.

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from llmctl.errors import LlmctlError
 
 if TYPE_CHECKING:
-    from llmctl.runtime.logprobs import TokenLogprob
+    from llmctl.runtime.engine.logprobs import TokenLogprob
 
 
 @dataclass

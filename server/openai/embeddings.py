@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from llmctl.errors import InvalidParams
 from llmctl.runtime.embed import CancelFlag, embed_texts, embed_tokens
 from llmctl.server.body import json_body
-from llmctl.server.completions import cancel_on_disconnect
+from llmctl.server.openai.completions import cancel_on_disconnect
 from llmctl.server.protocol import typed_field
 from llmctl.server.state import state_of
 from llmctl.server.workers import run_on

@@ -1,0 +1,1 @@
+"""The engine: step loop, scheduler, slots, sequences and their output."""

@@ -1,0 +1,1 @@
+"""Chat formats in pure Python: templates, tools, grammars, reasoning."""

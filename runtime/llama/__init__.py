@@ -1,0 +1,1 @@
+"""The llama.cpp boundary: the only code that imports llama_cpp."""

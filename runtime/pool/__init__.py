@@ -1,0 +1,1 @@
+"""The model pool: loaded models, leases, waiters and memory room."""

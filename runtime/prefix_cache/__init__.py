@@ -1,0 +1,1 @@
+"""The prompt-prefix KV cache, in memory and on disk."""

@@ -1,0 +1,1 @@
+"""Speculative decoding: proposers of guessed tokens and their defaults."""

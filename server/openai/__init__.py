@@ -1,0 +1,1 @@
+"""OpenAI's API: translation between its fields and frames and the generation lifecycle."""
