@@ -129,4 +129,4 @@ async def send(http: httpx.AsyncClient, base: str, attack: Attack) -> str:
 async def send_all(http: httpx.AsyncClient, base: str, attacks: list[Attack]) -> dict[str, str]:
     """Each attack once, concurrently: name -> status."""
     results = await asyncio.gather(*(send(http, base, a) for a in attacks))
-    return {a.name: r for a, r in zip(attacks, results)}
+    return {a.name: r for a, r in zip(attacks, results, strict=False)}

@@ -32,7 +32,7 @@ def write_plot(run: dict, path: Path) -> None:
     try:
         ax.plot(xs, ys, "-", color=ACCENT, alpha=0.5, linewidth=1.5, zorder=1)
         ax.scatter(xs, ys, s=36, color=ACCENT, edgecolor="white", linewidth=1, zorder=2)
-        for lv, x, y in zip(levels, xs, ys):
+        for lv, x, y in zip(levels, xs, ys, strict=False):
             ax.annotate(f"{lv['concurrency']}", (x, y), textcoords="offset points",
                         xytext=(6, 5), fontsize=8, color=INK)
         # Latency spans orders of magnitude from serial to all-at-once.

@@ -51,7 +51,7 @@ def run_sweep(target: Target, tok: Tokenizer, workload: Workload, levels: list[i
             results, duration = asyncio.run(run_level(
                 target, [p.text for p in prompts], concurrency, workload.output_tokens,
                 timeout, on_done=done))
-            for res, prompt in zip(results, prompts):
+            for res, prompt in zip(results, prompts, strict=False):
                 _fill_prompt_tokens(res, prompt.tokens)
             stats = asdict(level_stats(concurrency, results, duration))
             out.append(stats)

@@ -53,7 +53,7 @@ class LoadOptions:
             raise UsageError(f"invalid n_gpu_layers {self.n_gpu_layers!r}: use auto or a number") from e
         self._check_kv_type()
         try:
-            self.spec_config
+            _ = self.spec_config
         except ValueError as e:
             raise UsageError(f"speculation: {e}") from None
         if self.draft is not None and self.spec == "ngram":

@@ -114,7 +114,7 @@ def single(url: str, model: str, tokens: int, ours: bool) -> dict:
         r = stream(url, kind, tokens, model)
         if ours:
             after = spec_counts(url)
-            r["steps"], r["drafted"], r["accepted"] = (a - b for a, b in zip(after, before))
+            r["steps"], r["drafted"], r["accepted"] = (a - b for a, b in zip(after, before, strict=False))
         out[kind] = r
     return out
 
@@ -126,7 +126,7 @@ def loaded(url: str, model: str, level: int, tokens: int) -> dict:
     with ThreadPoolExecutor(level) as pool:
         done = list(pool.map(lambda k: stream(url, k, tokens, model), kinds))
     wall = time.perf_counter() - start
-    steps, drafted, accepted = (a - b for a, b in zip(spec_counts(url), before))
+    steps, drafted, accepted = (a - b for a, b in zip(spec_counts(url), before, strict=False))
     return {"tok_s": sum(d["tokens"] for d in done) / wall, "drafted": drafted,
             "accepted": accepted, "steps": steps}
 

@@ -115,12 +115,12 @@ def agreement(model: LlamaModel, prompts: list[list[int]], greedy: dict[str, lis
               threads: int) -> dict[str, dict]:
     """Per type: teacher-forced top-1 agreement with f16 on f16's answers,
     and the mean identical start of its own greedy answer."""
-    seqs = list(zip(prompts, greedy["f16"]))
+    seqs = list(zip(prompts, greedy["f16"], strict=False))
     top = {kv: np.concatenate(forced_top1(model, seqs, kv, threads)) for kv in greedy}
     out = {}
     for kv, answers in greedy.items():
-        prefixes = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
-                    for a, b in zip(greedy["f16"], answers)]
+        prefixes = [next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), len(a))
+                    for a, b in zip(greedy["f16"], answers, strict=False)]
         out[kv] = {"forced_agreement": float((top[kv] == top["f16"]).mean()),
                    "mean_identical_prefix": statistics.mean(prefixes)}
     return out

@@ -86,7 +86,7 @@ def main() -> None:
     c, o = statistics.median(ceiling), statistics.median(ours)
     # Each round's pair ran back to back, so its ratio cancels slow drifts in
     # machine load; the median of those ratios is the figure to quote.
-    ratio = statistics.median(x / y for x, y in zip(ours, ceiling))
+    ratio = statistics.median(x / y for x, y in zip(ours, ceiling, strict=False))
     print(f"\nmedian over {args.rounds} rounds, {args.tokens} tokens, {threads} threads:")
     print(f"  tight llama_decode loop  {c:6.1f} tok/s  (ceiling)")
     print(f"  llmctl run               {o:6.1f} tok/s")

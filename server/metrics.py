@@ -11,7 +11,7 @@ _P = "llmctl"
 
 def _histogram(name: str, h: Histogram) -> list[str]:
     lines, cumulative = [f"# TYPE {name} histogram"], 0
-    for bound, count in zip(h.buckets, h.counts):
+    for bound, count in zip(h.buckets, h.counts, strict=False):
         cumulative += count
         lines.append(f'{name}_bucket{{le="{bound}"}} {cumulative}')
     lines.append(f'{name}_bucket{{le="+Inf"}} {h.n}')

@@ -66,7 +66,7 @@ def assert_same_until_near_tie(ref: Sequence, other: Sequence | str, ref_top: Se
     if isinstance(other, str):
         return _text_until_near_tie(list(ref), other, ref_top, bound)
     ref, other = list(ref), list(other)
-    i = next((k for k, (a, b) in enumerate(zip(ref, other)) if a != b), None)
+    i = next((k for k, (a, b) in enumerate(zip(ref, other, strict=False)) if a != b), None)
     if i is None:
         if len(ref) == len(other):
             return None
@@ -88,7 +88,7 @@ def _text_until_near_tie(ref: list[str], other: str, ref_top: Sequence[Top],
         rest = other[pos:]
         # The other answer's token is unknown; it must start like one of the close candidates
         # (or be the end of the text, when an end-of-text token won the tie).
-        _tie_at(i, ref, ref_top, lambda tok: bool(tok) and rest.startswith(tok) or not rest,
+        _tie_at(i, ref, ref_top, lambda tok, rest=rest: bool(tok) and rest.startswith(tok) or not rest,
                 bound)
         return i
     if pos == len(other):
@@ -123,7 +123,7 @@ def assert_completions_agree(exactness, ref, other) -> int | None:
     token count too. Return where they part, None when identical. Raises
     AssertionError."""
     ids = [[lp.chosen.token for lp in c.logprobs] for c in (ref, other)]
-    for c, got in zip((ref, other), ids):
+    for c, got in zip((ref, other), ids, strict=False):
         # The end-of-text token (or a stop string's) is counted but has no logprob.
         n = c.usage.completion_tokens
         assert len(got) == n or c.finish_reason == "stop" and 0 < len(got) < n, \

@@ -82,7 +82,7 @@ def export_hf_dir(f16_gguf: Path, out: Path) -> Path:
     tokens, types = f["tokenizer.ggml.tokens"], f["tokenizer.ggml.token_type"]
     added = [{"id": i, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": False, "special": True}
-             for i, (tok, ty) in enumerate(zip(tokens, types)) if ty == gguf.TokenType.CONTROL]
+             for i, (tok, ty) in enumerate(zip(tokens, types, strict=False)) if ty == gguf.TokenType.CONTROL]
     tokenizer = {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
         "normalizer": None,

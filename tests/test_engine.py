@@ -37,7 +37,7 @@ def test_batched_greedy_equals_each_alone(llm, exactness):
         t.start()
     for t in threads:
         t.join()
-    for before, after in zip(alone, results):
+    for before, after in zip(alone, results, strict=False):
         assert_completions_agree(exactness(flash_attn=llm.engine.flash_attn), before, after)
     assert len({c.text for c in alone}) > 1      # the prompts really differ
 

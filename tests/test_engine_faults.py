@@ -73,7 +73,7 @@ def test_an_error_in_one_sequence_fails_only_that_request(exact_llm, exactness, 
     monkeypatch.setattr(engine_mod, "_Stream", Poisoned)
     results = run_all(exact_llm, PROMPTS)
     assert isinstance(results[3], Exception) and "sampler exploded" in str(results[3])
-    for before, after in zip(alone[:3], results[:3]):
+    for before, after in zip(alone[:3], results[:3], strict=False):
         assert_completions_agree(exactness(flash_attn=False), before, after)
     stats = exact_llm.stats()
     assert stats.requests["error"] == 1 and stats.running == 0
@@ -97,7 +97,7 @@ def test_no_kv_room_retries_in_halves_with_identical_output(exact_llm, exactness
     monkeypatch.setattr(ctx, "decode", tight_decode)
     results = run_all(exact_llm, PROMPTS)
     assert refused, "the fault was never injected"
-    for before, after in zip(alone, results):
+    for before, after in zip(alone, results, strict=False):
         assert_completions_agree(exactness(flash_attn=False), before, after)
     assert exact_llm.stats().requests["error"] == 0
 

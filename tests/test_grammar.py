@@ -89,7 +89,7 @@ def test_json_schema_outputs_validate(llm):
             schemas.append(schema)
     done = _run_all(llm, jobs)
     stopped = 0
-    for schema, c in zip(schemas, done):
+    for schema, c in zip(schemas, done, strict=False):
         if c.finish_reason == "stop":
             stopped += 1
             jsonschema.validate(json.loads(c.text), schema)

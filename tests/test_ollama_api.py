@@ -215,7 +215,7 @@ def test_embed(client):
     r = client.embed(model="smollm2", input=["The cat sat on the mat.", "A kitten rests on a rug.",
                                               "Quarterly tax filing deadlines"])
     assert len(r.embeddings) == 3 and r.prompt_eval_count > 0
-    dot = [sum(a * b for a, b in zip(r.embeddings[0], v)) for v in r.embeddings[1:]]
+    dot = [sum(a * b for a, b in zip(r.embeddings[0], v, strict=False)) for v in r.embeddings[1:]]
     assert dot[0] > dot[1]          # normalised vectors: similar sentences score closer
 
 

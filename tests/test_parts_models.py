@@ -52,7 +52,7 @@ class FakeParts:
         self.root, self.monkeypatch = root, monkeypatch
         self.data = tiny_gguf(root / "whole.gguf")
         cut = np.linspace(0, len(self.data), PARTS + 1).astype(int)
-        self.chunks = [self.data[a:b] for a, b in zip(cut, cut[1:])]
+        self.chunks = [self.data[a:b] for a, b in zip(cut, cut[1:], strict=False)]
         site = root / "site"
         for n, chunk in enumerate(self.chunks, start=1):
             self.write_part(n, chunk, site)

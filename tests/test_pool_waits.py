@@ -219,7 +219,7 @@ def test_waiters_are_woken_oldest_first_and_only_as_many_as_the_room_holds():
             assert pool.try_reserve(resolved, None).entry is None
         for_gemma = [Wakes() for _ in range(20)]
         for_qwen = [Wakes() for _ in range(20)]
-        for a, b in zip(for_gemma, for_qwen):
+        for a, b in zip(for_gemma, for_qwen, strict=False):
             pool.add_waiter(a, "gemma3-270m")
             pool.add_waiter(b, "qwen2.5-coder-0.5b")
         held.release()                          # one model slot frees

@@ -120,7 +120,7 @@ def test_eight_parallel_greedy_streams_equal_each_alone(client, exactness):
         together = list(pool.map(ask, prompts))
     # The `server` fixture keeps no prefix cache, so flash attention is on:
     # identical where this machine's rows are exact there, else up to a near-tie.
-    for ref, got in zip(alone, together):
+    for ref, got in zip(alone, together, strict=False):
         content = [c.model_dump() for c in ref.logprobs.content]
         assert_greedy_agree(exactness(flash_attn=True), [c["token"] for c in content],
                             got.message.content, top_from_openai(content), ref.message.content)

@@ -76,7 +76,7 @@ def test_streamed_logprobs_equal_the_whole_answer(client, exactness):
                                top_from_openai(ref))
     same = len(whole) if part is None else part
     tol = 0 if measured.exact else 2 * measured.top_logprob_diff + 1e-4
-    for a, b in zip(streamed[:same], whole[:same]):
+    for a, b in zip(streamed[:same], whole[:same], strict=False):
         assert abs(round(a.logprob, 4) - round(b.logprob, 4)) <= tol
 
 
@@ -87,7 +87,7 @@ def test_completions_legacy_logprobs(client):
     assert "".join(lp.tokens) == r.choices[0].text
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
     assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
-    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=False):
         assert token in top and top[token] == pytest.approx(logprob)
         assert 2 <= len(top) <= 3       # the best two, and the sampled token
 

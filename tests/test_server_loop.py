@@ -64,7 +64,7 @@ def _slow_requests():
 def test_a_spinning_conversion_is_a_400_and_never_blocks_the_loop(spinning):
     for path, field, body in _slow_requests():
         answer: list[httpx.Response] = []
-        sender = threading.Thread(target=lambda: answer.append(
+        sender = threading.Thread(target=lambda answer=answer, path=path, body=body: answer.append(
             httpx.post(spinning.url + path, json=body, timeout=60)))
         sender.start()
         # Before the fix the converter ran on the event loop: /health hung

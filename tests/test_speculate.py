@@ -63,7 +63,7 @@ def test_draft_matches_a_naive_search_on_random_text():
 
 def decoding(s: Scheduler, n: int) -> list[Sequence]:
     seqs = []
-    for i in range(n):
+    for _ in range(n):
         seq = Sequence(prompt=[7, 8, 9, 7, 8], params=SamplingParams(), max_new=100)
         s.add(seq)
         seqs.append(seq)
@@ -152,7 +152,7 @@ def same_as_plain(exactness, got: list, plain: list) -> None:
         return
     params = [p for _ in PROMPTS for p in PARAMS]
     assert len(got) == len(plain) == len(params)
-    for (text, reason, n, lps), ref, p in zip(got, plain, params):
+    for (text, reason, n, lps), ref, p in zip(got, plain, params, strict=False):
         assert text and reason in ("stop", "length") and 0 < n <= p.max_tokens
         if p.greedy and p.logprobs:
             assert_same_until_near_tie([lp.chosen.token for lp in ref[3]],

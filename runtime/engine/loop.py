@@ -206,7 +206,7 @@ class Engine:
         if not asks:
             return
         guesses = self.drafter.propose([(w.seq.slot, w.seq.tokens, w.room) for w in asks])
-        for w, draft in zip(asks, guesses):
+        for w, draft in zip(asks, guesses, strict=False):
             if len(draft) >= self.scheduler.cfg.spec.draft_min:
                 w.draft = draft
                 w.tokens = [w.tokens[0], *draft]
@@ -253,7 +253,7 @@ class Engine:
                 if live:
                     self._decode(live)
             return
-        for w, row in zip(plan, rows):
+        for w, row in zip(plan, rows, strict=False):
             self._guard(w.seq, self._advance, w, row)
 
     def _advance(self, w: Work, row: int) -> None:

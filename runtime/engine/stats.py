@@ -156,7 +156,7 @@ class StatsCollector:
 def _merged(hists: list[Histogram], buckets: tuple[float, ...]) -> Histogram:
     out = Histogram(buckets)
     for h in hists:
-        out.counts = [a + b for a, b in zip(out.counts, h.counts)]
+        out.counts = [a + b for a, b in zip(out.counts, h.counts, strict=False)]
         out.total += h.total
         out.n += h.n
     return out

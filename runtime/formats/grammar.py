@@ -101,7 +101,7 @@ class _Converter:
         segs = [_SHORT.get(s, s) for s in at.split("/") if s and s not in _SILENT]
         return "-".join(filter(None, [self.prefix, *segs, suffix])) or "root"
 
-    def add(self, name: str, body: str, shape: gl.Shape = gl.Shape()) -> str:
+    def add(self, name: str, body: str, shape: gl.Shape | None = None) -> str:
         """Add a rule under a free name like `name`; return that name.
         "root" is kept for the start rule, which callers set themselves."""
         self.budget.rule(body)
@@ -113,7 +113,7 @@ class _Converter:
             key = f"{base}-{i}"
         self.taken[base] = i + 1
         self.rules[key] = body
-        self.shapes[key] = replace(shape, parts=self.uses(body))
+        self.shapes[key] = replace(shape or gl.Shape(), parts=self.uses(body))
         return key
 
     def uses(self, body: str) -> tuple[str, ...]:

@@ -97,9 +97,9 @@ def compare_rows(ctx: LlamaContext, tokens: list[int], context: int = CONTEXT,
     got = ctx.decode([(seq, [tail[0]], context, 1) for seq in range(2, rows + 2)])
     beside = [ctx.logits(r).copy() for r in got]
     ctx.clear()
-    rows_diff = max(_diff(a, b) for a, b in zip(alone, together))
+    rows_diff = max(_diff(a, b) for a, b in zip(alone, together, strict=False))
     seqs_diff = max(_diff(alone[0], b) for b in beside)
-    pairs = list(zip(alone, together)) + [(alone[0], b) for b in beside]
+    pairs = list(zip(alone, together, strict=False)) + [(alone[0], b) for b in beside]
     return rows_diff, seqs_diff, max(_top_logprob_diff(a, b) for a, b in pairs)
 
 

@@ -169,7 +169,7 @@ class ModelPool:
                 break
             with self._cv:
                 left = deadline - time.monotonic()
-                if left <= 0 or not self._cv.wait_for(lambda: self._events != seen, left):
+                if left <= 0 or not self._cv.wait_for(lambda seen=seen: self._events != seen, left):
                     raise ModelsBusy(got.why)
             got.raise_failed()
         return self.fill(got.entry) if got.fresh else Lease(self, got.entry)

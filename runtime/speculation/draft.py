@@ -91,7 +91,7 @@ class Drafter:
             for slot, _, _ in wants:
                 self._forget(slot)
             return [[] for _ in wants]
-        for (slot, tokens, _), g in zip(wants, guesses):
+        for (slot, tokens, _), g in zip(wants, guesses, strict=False):
             # Its last guess was never fed back: the KV ends just before it.
             self._have[slot] = tokens + g[:-1]
         return guesses
@@ -120,7 +120,7 @@ class Drafter:
                 if not last:
                     left.append((i, slot, pos + take))
             rows = self.ctx.decode([(slot, chunk, pos, int(last)) for _, slot, chunk, pos, last in items])
-            for (i, _, _, _, last), row in zip(items, rows):
+            for (i, _, _, _, last), row in zip(items, rows, strict=False):
                 if last and self._guess(guesses[i], row) and wants[i][2] > 1:
                     live.append(i)
             todo = left
@@ -131,7 +131,7 @@ class Drafter:
         items = [(wants[i][0], [guesses[i][-1]], len(wants[i][1]) + len(guesses[i]) - 1, 1)
                  for i in live]
         rows = self.ctx.decode(items)
-        return [i for i, row in zip(live, rows)
+        return [i for i, row in zip(live, rows, strict=False)
                 if self._guess(guesses[i], row) and len(guesses[i]) < wants[i][2]]
 
     def _guess(self, out: list[int], row: int) -> bool:
