@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from llmctl.errors import UsageError
 from llmctl.kv_types import KV_TYPES
 from llmctl.runtime import planner
-from llmctl.runtime.speculation.ngram import SpecConfig
+from llmctl.runtime.speculation.config import DRAFT_MAX, DRAFT_MIN, P_MIN, SpecConfig
 
 
 @dataclass(frozen=True)
@@ -30,9 +30,9 @@ class LoadOptions:
     # naming a draft alone means "draft". Guesses per step.
     spec: str | None = None
     draft: str | None = None
-    draft_max: int = 8
-    draft_min: int = 1
-    draft_p_min: float = 0.75
+    draft_max: int = DRAFT_MAX
+    draft_min: int = DRAFT_MIN
+    draft_p_min: float = P_MIN
     kv_type: str = "f16"                 # K and V cache element type: a KV_TYPES name
 
     def __post_init__(self) -> None:

@@ -13,7 +13,8 @@ from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig
 from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
-from llmctl.runtime.speculation.ngram import NGRAM_MAX, NGRAM_MIN, SpecConfig, ngram_draft
+from llmctl.runtime.speculation.config import SpecConfig
+from llmctl.runtime.speculation.ngram import NGRAM_MAX, NGRAM_MIN, ngram_draft
 from llmctl.store.resolve import ResolvedModel
 from tests.conftest import smollm2_file
 

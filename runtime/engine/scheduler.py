@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from llmctl.errors import QueueFull
 from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.engine.stats import Stats, StatsCollector
-from llmctl.runtime.speculation.ngram import SpecConfig, ngram_draft
+from llmctl.runtime.speculation.config import SpecConfig
+from llmctl.runtime.speculation.ngram import ngram_draft
 
 
 @dataclass(frozen=True)

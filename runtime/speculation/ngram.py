@@ -1,4 +1,4 @@
-"""Speculation settings, and prompt-lookup speculation (`--spec ngram`): guess the next tokens by
+"""Prompt-lookup speculation (`--spec ngram`): guess the next tokens by
 finding the sequence's last few tokens earlier in its prompt or output and
 proposing what followed them there. Edits, RAG answers and code repeat
 their input, so the guesses often hold; checking k of them costs one
@@ -14,7 +14,6 @@ for token, at any temperature with a fixed seed."""
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
 
 # Longest and shortest n-gram matched, longest first (llama.cpp's
 # prompt-lookup decoding uses the same idea with similar sizes).
@@ -22,27 +21,6 @@ NGRAM_MAX = 4
 NGRAM_MIN = 2
 # How far back a match is looked for: a bound on Python work per step.
 LOOKBACK = 4096
-
-
-@dataclass(frozen=True)
-class SpecConfig:
-    """Speculation settings; `mode` None turns it off. Raises ValueError
-    for out-of-range values."""
-
-    mode: str | None = None         # "ngram", or "draft" (a draft model: draft.py)
-    draft_max: int = 8              # most guessed tokens per step
-    draft_min: int = 1              # fewer found: don't speculate this step
-    # A draft model's guesses stop where its top probability is lower
-    # (llama-server's --draft-p-min has the same default).
-    p_min: float = 0.75
-
-    def __post_init__(self) -> None:
-        if self.mode not in (None, "ngram", "draft"):
-            raise ValueError(f"unknown speculation mode {self.mode!r}: use ngram or draft")
-        if not 1 <= self.draft_min <= self.draft_max <= 64:
-            raise ValueError("need 1 <= draft_min <= draft_max <= 64")
-        if not 0 <= self.p_min <= 1:
-            raise ValueError("draft_p_min must be in [0, 1]")
 
 
 def ngram_draft(tokens: list[int], k: int) -> list[int]:

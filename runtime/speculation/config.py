@@ -1,0 +1,31 @@
+"""Speculation settings and their defaults, defined once for the engine,
+LoadOptions and the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DRAFT_MAX = 8       # most guessed tokens per step
+DRAFT_MIN = 1       # fewer found: don't speculate this step
+# A draft model's guesses stop where its top probability is lower
+# (llama-server's --draft-p-min has the same default).
+P_MIN = 0.75
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculation settings; `mode` None turns it off. Raises ValueError
+    for out-of-range values."""
+
+    mode: str | None = None         # "ngram", or "draft" (a draft model: draft.py)
+    draft_max: int = DRAFT_MAX      # most guessed tokens per step
+    draft_min: int = DRAFT_MIN      # fewer found: don't speculate this step
+    p_min: float = P_MIN            # a draft model's guesses stop below it
+
+    def __post_init__(self) -> None:
+        if self.mode not in (None, "ngram", "draft"):
+            raise ValueError(f"unknown speculation mode {self.mode!r}: use ngram or draft")
+        if not 1 <= self.draft_min <= self.draft_max <= 64:
+            raise ValueError("need 1 <= draft_min <= draft_max <= 64")
+        if not 0 <= self.p_min <= 1:
+            raise ValueError("draft_p_min must be in [0, 1]")
