@@ -31,7 +31,7 @@ class GgufTokenizer:
     kind = "gguf"
 
     def __init__(self, path: Path):
-        from llmctl.runtime.llama.backend import LlamaModel
+        from llmctl.runtime.llama import LlamaModel
 
         self._model = LlamaModel(path, vocab_only=True)
         self.bos = len(self.encode(""))

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 from llmctl.errors import BadModelFile
-from llmctl.runtime.llama.backend import capture_log, quantize_file
+from llmctl.runtime.llama import capture_log, quantize_file
 
 Progress = Callable[[int, int], None]
 _TENSOR_LINE = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]")

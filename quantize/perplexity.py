@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from llmctl.errors import BadModelFile, LlmctlError, UsageError
-from llmctl.runtime.llama.backend import ContextConfig, LlamaContext, LlamaModel, capture_log
+from llmctl.runtime.llama import ContextConfig, LlamaContext, LlamaModel, capture_log
 from llmctl.runtime.system import default_threads
 
 DEFAULT_CTX = 512

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from llmctl.errors import UsageError
 
 # Every type name the linked llama.cpp can write, with its ftype.
-from llmctl.runtime.llama.backend import file_types as available_types
+from llmctl.runtime.llama import file_types as available_types
 
 BITS_TO_TYPE = {4: "Q4_K_M", 8: "Q8_0"}
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from llmctl import config
 from llmctl.errors import ContextOverflow, InvalidParams, LlmctlError
-from llmctl.runtime.llama.backend import EmbeddingContext, LlamaModel
+from llmctl.runtime.llama import EmbeddingContext, LlamaModel
 from llmctl.runtime.llm import LLM, MAX_CHARS_PER_TOKEN
 from llmctl.runtime.system import default_threads
 

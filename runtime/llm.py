@@ -18,7 +18,7 @@ from llmctl.runtime.engine.loop import Engine
 from llmctl.runtime.engine.sequence import Sequence
 from llmctl.runtime.engine.stats import Stats
 from llmctl.runtime.formats.template import ChatTemplate, normalize_messages
-from llmctl.runtime.llama.backend import LlamaModel, supports_gpu_offload
+from llmctl.runtime.llama import LlamaModel, supports_gpu_offload
 from llmctl.runtime.prefix_cache.cache import PrefixCache
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.speculation.draft import check_compatible

@@ -111,9 +111,9 @@ def _build_flags() -> str:
 
 
 def system_info() -> SystemInfo:
-    from llmctl.runtime.llama import backend
+    from llmctl.runtime import llama
 
-    text = backend.system_info()
+    text = llama.system_info()
     features = sorted({part.split("=")[0].split(":")[-1].strip()
                        for part in text.split("|") if part.strip().endswith("= 1")})
     vm = psutil.virtual_memory()
@@ -124,7 +124,7 @@ def system_info() -> SystemInfo:
         default_threads=default_threads(),
         ram_total_gib=round(vm.total / 2**30, 1),
         ram_available_gib=round(vm.available / 2**30, 1),
-        gpu_offload=backend.supports_gpu_offload(),
+        gpu_offload=llama.supports_gpu_offload(),
         gpus=list_gpus(),
         build_flags=_build_flags(),
     )

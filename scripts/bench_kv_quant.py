@@ -32,7 +32,7 @@ from importlib import resources
 import numpy as np
 
 from llmctl.runtime.engine.events import TokenEvent
-from llmctl.runtime.llama.backend import ContextConfig, LlamaContext, LlamaModel
+from llmctl.runtime.llama import ContextConfig, LlamaContext, LlamaModel
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.planner import ModelShape
 from llmctl.runtime.sampling import SamplingParams

@@ -22,7 +22,7 @@ import json
 import statistics
 import time
 
-from llmctl.runtime.llama.backend import ContextConfig, LlamaContext, LlamaModel
+from llmctl.runtime.llama import ContextConfig, LlamaContext, LlamaModel
 from llmctl.runtime.llama.exactness import ROWS as CHECKED
 from llmctl.runtime.llama.exactness import TEXT, compare_rows
 from llmctl.store.resolve import resolve_model

@@ -25,7 +25,7 @@ def tight_loop(path: Path, n_tokens: int, threads: int) -> float:
     """Decode tokens/s of the bare C API: prompt, then sample+decode n times."""
     import llama_cpp as lc
 
-    from llmctl.runtime.llama.backend import init_backend
+    from llmctl.runtime.llama import init_backend
 
     init_backend()
     mparams = lc.llama_model_default_params()

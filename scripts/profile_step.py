@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from llmctl.bench.launcher import Server
+from llmctl.runtime import llama
 from llmctl.runtime.engine import loop as engine
-from llmctl.runtime.llama import backend
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
 
@@ -45,8 +45,8 @@ def _timed(owner, name: str, totals: dict) -> None:
 
 def in_process(args) -> dict:
     totals: dict[str, list] = {}
-    for owner, name in ((engine.Engine, "_step"), (backend.LlamaContext, "decode"),
-                        (backend.Sampler, "sample"), (engine.Engine, "_accept")):
+    for owner, name in ((engine.Engine, "_step"), (llama.LlamaContext, "decode"),
+                        (llama.Sampler, "sample"), (engine.Engine, "_accept")):
         _timed(owner, name, totals)
     opts = LoadOptions(threads=args.threads, max_num_seqs=CONCURRENCY)
     with LLM.load(args.model, opts) as llm:

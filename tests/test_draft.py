@@ -16,7 +16,7 @@ from near_tie import assert_completions_agree
 
 from llmctl.errors import UsageError
 from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig
-from llmctl.runtime.llama.backend import ContextConfig, LlamaModel, capture_log, file_types, quantize_file
+from llmctl.runtime.llama import ContextConfig, LlamaModel, capture_log, file_types, quantize_file
 from llmctl.runtime.llama.exactness import measure_rows
 from llmctl.runtime.llm import LLM, LoadOptions, check_draft
 from llmctl.runtime.sampling import SamplingParams

@@ -16,8 +16,8 @@ import pytest
 from near_tie import NEAR_TIE, assert_greedy_agree, assert_same_until_near_tie
 
 from conftest import REPO, smollm2_file
+from llmctl.runtime.llama import ContextConfig, LlamaContext, LlamaModel
 from llmctl.runtime.llama import exactness as ex
-from llmctl.runtime.llama.backend import ContextConfig, LlamaContext, LlamaModel
 
 
 @pytest.mark.parametrize("flash_attn", [False, True])

@@ -13,7 +13,7 @@ import pytest
 from llmctl.errors import InvalidParams
 from llmctl.runtime.engine.events import TokenEvent
 from llmctl.runtime.formats.grammar import json_object_grammar, json_schema_grammar, tool_call_grammar
-from llmctl.runtime.llama.backend import validate_grammar, validate_sampling
+from llmctl.runtime.llama import validate_grammar, validate_sampling
 from llmctl.runtime.sampling import SamplingParams
 
 PROMPTS = ["Describe a person as JSON.", "Give me data about a city.",

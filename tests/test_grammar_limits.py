@@ -214,7 +214,7 @@ FEED = [
 
 
 def test_real_schemas_still_convert_and_parse(llm):
-    from llmctl.runtime.llama.backend import validate_grammar
+    from llmctl.runtime.llama import validate_grammar
     for schema in REAL:
         validate_grammar(llm.model, json_schema_grammar(schema))
     validate_grammar(llm.model, tool_call_grammar([_tool(s)[0] for s in REAL]))
@@ -225,7 +225,8 @@ import ctypes, json, sys, time
 import llama_cpp as lc
 sys.path.insert(0, sys.argv[1])
 from conftest import smollm2_file
-from llmctl.runtime.llama.backend import LlamaModel, _new_grammar
+from llmctl.runtime.llama import LlamaModel
+from llmctl.runtime.llama.backend import _new_grammar
 model = LlamaModel(smollm2_file(), vocab_only=True)
 grammar, text = json.loads(sys.stdin.read())
 ptr = _new_grammar(model, grammar)
@@ -356,7 +357,7 @@ def _convert_all(schemas):
 
 
 def test_fuzz_every_schema_converts_or_is_refused(llm):
-    from llmctl.runtime.llama.backend import validate_grammar
+    from llmctl.runtime.llama import validate_grammar
     rng = random.Random(20)
     schemas = [gen_schema(rng, rng.randint(1, 6)) for _ in range(1200)]
     grammars = []

@@ -28,7 +28,7 @@ from llmctl.runtime.engine.logprobs import TokenLogprob, token_logprob
 from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig, Work
 from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.engine.stats import Stats
-from llmctl.runtime.llama.backend import ContextConfig, LlamaContext, LlamaModel, Sampler, validate_sampling
+from llmctl.runtime.llama import ContextConfig, LlamaContext, LlamaModel, Sampler, validate_sampling
 from llmctl.runtime.llama.grammar_budget import GrammarBudget
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.speculation.draft import Drafter

@@ -23,8 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from llmctl.runtime.llama import backend
-from llmctl.runtime.llama.backend import ContextConfig, LlamaContext, LlamaModel
+from llmctl.runtime.llama.backend import (
+    LLAMA_CPP_VERSION,
+    ContextConfig,
+    LlamaContext,
+    LlamaModel,
+    system_info,
+)
 
 # Any text works: the measurement needs real tokens, not meaning.
 TEXT = "The quick brown fox jumps over the lazy dog while the hash table grows. " * 60
@@ -122,7 +127,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 def build_key() -> tuple[str, str]:
     """What the kernels depend on besides the model: llama.cpp's version and
     the CPU features and flags it was built with and found."""
-    return backend.LLAMA_CPP_VERSION, backend.system_info()
+    return LLAMA_CPP_VERSION, system_info()
 
 
 def measure_rows(path: str | Path, *, flash_attn: bool = False, repack: bool = True,

@@ -20,7 +20,7 @@ from pathlib import Path
 from llmctl import config
 from llmctl.runtime.engine.scheduler import SchedulerConfig, exact_reuse
 from llmctl.runtime.engine.sequence import Sequence
-from llmctl.runtime.llama.backend import LLAMA_CPP_VERSION
+from llmctl.runtime.llama import LLAMA_CPP_VERSION
 from llmctl.runtime.prefix_cache.disk import BLOCK, DiskStore, Hit
 
 log = logging.getLogger("llmctl.prefix_cache")

@@ -21,7 +21,7 @@ import numpy as np
 
 from llmctl.errors import DecodeError, UsageError
 from llmctl.runtime.engine.scheduler import usable_prefix
-from llmctl.runtime.llama.backend import ContextConfig, LlamaContext, LlamaModel
+from llmctl.runtime.llama import ContextConfig, LlamaContext, LlamaModel
 
 log = logging.getLogger("llmctl.draft")
 
