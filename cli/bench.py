@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Optional, Tuple
 
 import typer
+from typing_extensions import Annotated
 
+from llmctl.cli import options as o
 from llmctl.cli.common import err, handle_errors, out
 
 EPILOG = """Examples:
@@ -23,47 +26,56 @@ def register(app: typer.Typer) -> None:
     app.command("bench", epilog=EPILOG)(bench)
 
 
+@o.option_group
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """What `llmctl bench` sends and where: the arguments of bench.api.bench."""
+
+    url: Annotated[Optional[str], typer.Option(
+        "--url", help="Benchmark a running OpenAI-compatible server instead "
+                      "(llmctl serve, llama-server, vLLM, Ollama's /v1).")] = None
+    workload: Annotated[Optional[str], typer.Option(
+        "--workload", help="prefill-heavy (1024 in, 128 out; default), "
+                           "decode-heavy (128 in, 1024 out) or custom.")] = None
+    input_tokens: Annotated[Optional[int], typer.Option(
+        "--input-tokens", help="Prompt tokens (custom workload).")] = None
+    output_tokens: Annotated[Optional[int], typer.Option(
+        "--output-tokens", help="Generated tokens (custom workload).")] = None
+    scale: Annotated[float, typer.Option(
+        "--scale", help="Shrink both sizes by this factor, e.g. 0.25 on small CPUs.")] = 1.0
+    shared_prefix: Annotated[int, typer.Option(
+        "--shared-prefix", help="Tokens all prompts share, to measure prefix caching. "
+                                "Default 0: every prompt is unique.")] = 0
+    requests: Annotated[int, typer.Option(
+        "--requests", "-n", help="Requests per level; the maximum-throughput level "
+                                 "sends them all at once.")] = 64
+    concurrency: Annotated[Optional[str], typer.Option(
+        "--concurrency", "-c", help="Comma-separated levels, e.g. 1,4,16. "
+                                    "Default: 1, 2, 4, ... up to --requests.")] = None
+    slo_ttft: Annotated[Optional[float], typer.Option(
+        "--slo-ttft", help="Report the best throughput whose TTFT p95 is within "
+                           "this many seconds.")] = None
+    json_file: Annotated[Optional[Path], typer.Option(
+        "--json", help="Write every request's timings here.")] = None
+    plot: Annotated[Optional[Path], typer.Option(
+        "--plot", help="Write a PNG of throughput against TTFT p95 (needs llmctl\\[plot]).")] = None
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds allowed per request.")] = 600.0
+    api_key: Annotated[Optional[str], typer.Option(
+        "--api-key", envvar="LLMCTL_API_KEY", show_default=False,
+        help="Bearer token for servers that require one (`llmctl serve --api-key`).")] = None
+
+
 @handle_errors
+@o.with_groups
 def bench(
-    model: Optional[str] = typer.Argument(
-        None, help="Model to serve with `llmctl serve` for the run (default: the default "
-                   "model). With --url: the model name to request.", show_default=False),
-    url: Optional[str] = typer.Option(
-        None, "--url", help="Benchmark a running OpenAI-compatible server instead "
-                            "(llmctl serve, llama-server, vLLM, Ollama's /v1)."),
-    workload: Optional[str] = typer.Option(
-        None, "--workload", help="prefill-heavy (1024 in, 128 out; default), "
-                                 "decode-heavy (128 in, 1024 out) or custom."),
-    input_tokens: Optional[int] = typer.Option(None, "--input-tokens",
-                                               help="Prompt tokens (custom workload)."),
-    output_tokens: Optional[int] = typer.Option(None, "--output-tokens",
-                                                help="Generated tokens (custom workload)."),
-    scale: float = typer.Option(1.0, "--scale",
-                                help="Shrink both sizes by this factor, e.g. 0.25 on small CPUs."),
-    shared_prefix: int = typer.Option(
-        0, "--shared-prefix", help="Tokens all prompts share, to measure prefix caching. "
-                                   "Default 0: every prompt is unique."),
-    requests: int = typer.Option(64, "--requests", "-n",
-                                 help="Requests per level; the maximum-throughput level "
-                                      "sends them all at once."),
-    concurrency: Optional[str] = typer.Option(
-        None, "--concurrency", "-c", help="Comma-separated levels, e.g. 1,4,16. "
-                                          "Default: 1, 2, 4, ... up to --requests."),
-    slo_ttft: Optional[float] = typer.Option(
-        None, "--slo-ttft", help="Report the best throughput whose TTFT p95 is within "
-                                 "this many seconds."),
-    json_file: Optional[Path] = typer.Option(None, "--json",
-                                             help="Write every request's timings here."),
-    plot: Optional[Path] = typer.Option(None, "--plot",
-                                        help="Write a PNG of throughput against TTFT p95 "
-                                             "(needs llmctl\\[plot])."),
-    timeout: float = typer.Option(600.0, "--timeout", help="Seconds allowed per request."),
-    api_key: Optional[str] = typer.Option(
-        None, "--api-key", envvar="LLMCTL_API_KEY", show_default=False,
-        help="Bearer token for servers that require one (`llmctl serve --api-key`)."),
-    compare: Optional[Tuple[str, str]] = typer.Option(
-        None, "--compare", show_default=False, metavar="A.json B.json",
-        help="Print two --json runs side by side with B/A ratios; runs nothing."),
+    model: Annotated[Optional[str], typer.Argument(
+        help="Model to serve with `llmctl serve` for the run (default: the default "
+             "model). With --url: the model name to request.", show_default=False)] = None,
+    *,
+    sweep: Sweep,
+    compare: Annotated[Optional[Tuple[str, str]], typer.Option(
+        "--compare", show_default=False, metavar="A.json B.json",
+        help="Print two --json runs side by side with B/A ratios; runs nothing.")] = None,
 ) -> None:
     """Measure throughput and latency the way the LLM Almanac does: serial,
     all-at-once, and a concurrency sweep between."""
@@ -72,11 +84,7 @@ def bench(
     if compare and compare[0] is not None:
         out.print(api.compare(Path(compare[0]), Path(compare[1])))
         return
-    run = api.bench(model=model, url=url, workload=workload, input_tokens=input_tokens,
-                    output_tokens=output_tokens, scale=scale, shared_prefix=shared_prefix,
-                    requests=requests, concurrency=concurrency, slo_ttft=slo_ttft,
-                    json_file=json_file, plot=plot, timeout=timeout, api_key=api_key,
-                    console=err)
+    run = api.bench(model=model, **dataclasses.asdict(sweep), console=err)
     out.print(api.report.run_table(run))
     line = api.report.slo_line(run)
     if line:

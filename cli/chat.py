@@ -101,11 +101,8 @@ def _batch(session: ChatSession) -> None:
 
 
 @handle_errors
-@o.with_generation
-def chat(gen: o.Generation, model: o.ModelArg = None, kv_type: o.KvTypeOpt = o.KvType("f16"),
-         spec: o.SpecOpt = o.Spec.none, draft_max: o.DraftMax = 8,
-         draft_min: o.DraftMin = 1, draft: o.DraftOpt = None,
-         draft_p_min: o.DraftPMin = 0.75) -> None:
+@o.with_groups
+def chat(gen: o.Generation, model: o.ModelArg = None, *, decoding: o.Decoding) -> None:
     """Chat with a model in the terminal.
 
     Example: llmctl chat smollm2 --system "Answer briefly." --temperature 0.7
@@ -114,8 +111,7 @@ def chat(gen: o.Generation, model: o.ModelArg = None, kv_type: o.KvTypeOpt = o.K
     from llmctl.runtime.llm import LLM
 
     params = gen.sampling()
-    with LLM.load(model, gen.load(kv_type=kv_type.value,
-                                  **o.spec_fields(spec, draft_max, draft_min, draft, draft_p_min))) as llm:
+    with LLM.load(model, gen.load(**decoding.load_fields())) as llm:
         session = ChatSession(llm, params, system=gen.system)
         if sys.stdin.isatty():
             _interactive(session)

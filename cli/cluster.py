@@ -4,13 +4,12 @@ the command runs."""
 
 from __future__ import annotations
 
-import functools
 import inspect
 import signal
 import sys
 import threading
 from enum import Enum
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import typer
 from typing_extensions import Annotated
@@ -19,6 +18,11 @@ from llmctl.cli import options as o
 from llmctl.cli import serve as serve_command
 from llmctl.cli.common import err, handle_errors
 from llmctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from llmctl.cluster.deploy import ClusterSettings
+    from llmctl.cluster.replica import ReplicaSpec
+    from llmctl.server.middleware import HttpPolicy
 
 group = typer.Typer(help="Serve a model from replicas on a Ray cluster.", no_args_is_help=True)
 
@@ -44,19 +48,15 @@ def with_policy(fn: Callable) -> Callable:
     params += [theirs[name].replace(kind=inspect.Parameter.KEYWORD_ONLY)
                for name in POLICY_OPTIONS]
 
-    @functools.wraps(fn)
-    def command(**kwargs: Any) -> Any:
+    def gather(kwargs: dict[str, Any]) -> dict[str, Any]:
         from llmctl.server.middleware import http_policy
 
-        policy = http_policy(**{name: kwargs.pop(name) for name in POLICY_OPTIONS})
-        return fn(**kwargs, policy=policy)
+        return {"policy": http_policy(**{name: kwargs.pop(name) for name in POLICY_OPTIONS})}
 
-    command.__signature__ = ours.replace(parameters=params)  # type: ignore[attr-defined]
-    command.__annotations__ = {p.name: p.annotation for p in params}
-    return command
+    return o.replace_parameters(fn, params, gather)
 
 
-def describe(policy) -> str:
+def describe(policy: HttpPolicy) -> str:
     """The policy in a few words, for the start-up line."""
     key = "API key required" if policy.api_key else "no API key"
     metrics = " (/metrics open)" if policy.api_key and policy.metrics_public else ""
@@ -64,45 +64,54 @@ def describe(policy) -> str:
     return f"{key}{metrics}; bodies up to {policy.max_body_bytes / (1 << 20):g} MiB{origins}"
 
 
+Replicas = Annotated[int, typer.Option(
+    "--replicas", min=1, envvar="LLMCTL_REPLICAS",
+    help="Engine replicas (the initial count when autoscaling).")]
+Address = Annotated[Optional[str], typer.Option(
+    "--address", envvar="LLMCTL_RAY_ADDRESS",
+    help="Join this Ray cluster (e.g. ray://head:10001 or auto); default: start a local one.")]
+MinReplicas = Annotated[Optional[int], typer.Option(
+    "--min-replicas", min=0, envvar="LLMCTL_MIN_REPLICAS",
+    help="With --max-replicas: autoscale on ongoing requests.")]
+MaxReplicas = Annotated[Optional[int], typer.Option(
+    "--max-replicas", min=1, envvar="LLMCTL_MAX_REPLICAS")]
+Threads = Annotated[int, typer.Option(
+    "--threads", min=1, envvar="LLMCTL_THREADS",
+    help="CPU threads per replica, also what each replica reserves in Ray (num_cpus).")]
+MaxNumSeqs = Annotated[int, typer.Option(
+    "--max-num-seqs", min=1, max=256, envvar="LLMCTL_MAX_NUM_SEQS", help="Batch slots per replica.")]
+CacheDir = Annotated[Optional[str], typer.Option(
+    "--cache-dir", envvar="LLMCTL_CACHE_DIR",
+    help="The disk prefix cache every replica shares (shared storage on a multi-node "
+         "cluster); default: each node's LLMCTL_HOME/cache.")]
+PrefixCacheSize = Annotated[float, typer.Option(
+    "--prefix-cache-size", min=0.0, envvar="LLMCTL_PREFIX_CACHE_SIZE",
+    help="Disk budget of the shared prefix cache, in GB (each replica enforces it over "
+         "the whole folder).")]
+RouterOpt = Annotated[Router, typer.Option(
+    "--router", envvar="LLMCTL_ROUTER",
+    help="affinity: a prompt's leading text picks its replica (prefix-cache hits); "
+         "default: Ray Serve's power of two choices.")]
+
+
 @group.command("serve")
 @handle_errors
 @with_policy
 def serve(
     model: o.ModelArg = None,
-    replicas: Annotated[int, typer.Option(
-        "--replicas", min=1, envvar="LLMCTL_REPLICAS",
-        help="Engine replicas (the initial count when autoscaling).")] = 2,
-    address: Annotated[Optional[str], typer.Option(
-        "--address", envvar="LLMCTL_RAY_ADDRESS",
-        help="Join this Ray cluster (e.g. ray://head:10001 or auto); default: start a "
-             "local one.")] = None,
-    min_replicas: Annotated[Optional[int], typer.Option(
-        "--min-replicas", min=0, envvar="LLMCTL_MIN_REPLICAS",
-        help="With --max-replicas: autoscale on ongoing requests.")] = None,
-    max_replicas: Annotated[Optional[int], typer.Option(
-        "--max-replicas", min=1, envvar="LLMCTL_MAX_REPLICAS")] = None,
-    threads: Annotated[int, typer.Option(
-        "--threads", min=1, envvar="LLMCTL_THREADS",
-        help="CPU threads per replica, also what each replica reserves in Ray (num_cpus).")] = 1,
-    max_num_seqs: Annotated[int, typer.Option(
-        "--max-num-seqs", min=1, max=256, envvar="LLMCTL_MAX_NUM_SEQS",
-        help="Batch slots per replica.")] = 4,
+    replicas: Replicas = 2,
+    address: Address = None,
+    min_replicas: MinReplicas = None,
+    max_replicas: MaxReplicas = None,
+    threads: Threads = 1,
+    max_num_seqs: MaxNumSeqs = 4,
     ctx_size: o.CtxSize = None,
-    cache_dir: Annotated[Optional[str], typer.Option(
-        "--cache-dir", envvar="LLMCTL_CACHE_DIR",
-        help="The disk prefix cache every replica shares (shared storage on a multi-node "
-             "cluster); default: each node's LLMCTL_HOME/cache.")] = None,
-    prefix_cache_size: Annotated[float, typer.Option(
-        "--prefix-cache-size", min=0.0, envvar="LLMCTL_PREFIX_CACHE_SIZE",
-        help="Disk budget of the shared prefix cache, in GB (each replica enforces it over "
-             "the whole folder).")] = 4.0,
-    host: Annotated[str, typer.Option("--host", envvar="LLMCTL_HOST")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", min=1, max=65535, envvar="LLMCTL_PORT")] = 8000,
-    router: Annotated[Router, typer.Option(
-        "--router", envvar="LLMCTL_ROUTER",
-        help="affinity: a prompt's leading text picks its replica (prefix-cache hits); "
-             "default: Ray Serve's power of two choices.")] = Router.affinity,
-    policy=None,
+    cache_dir: CacheDir = None,
+    prefix_cache_size: PrefixCacheSize = 4.0,
+    host: serve_command.Host = "127.0.0.1",
+    port: serve_command.Port = 8000,
+    router: RouterOpt = Router.affinity,
+    policy=None,    # with_policy passes an HttpPolicy
 ) -> None:
     """Serve a model from N llmctl replicas on Ray Serve, behind one ingress.
 
@@ -118,7 +127,7 @@ def serve(
     from llmctl.store.resolve import resolve_model
 
     try:
-        from llmctl.cluster.deploy import ClusterSettings, start, stop
+        from llmctl.cluster.deploy import ClusterSettings
         from llmctl.cluster.replica import ReplicaSpec
     except ImportError as e:
         raise UsageError(f"`llmctl cluster` needs Ray Serve: pip install 'llmctl[cluster]' ({e})") \
@@ -131,18 +140,25 @@ def serve(
                        cache_dir=cache_dir, host=host, port=port, policy=policy)
     err.print(f"Starting {replicas} replica(s) of {spec.resolved.name} on Ray "
               f"({address or 'a local cluster'}; {describe(policy)}) ...")
+    _run(spec, settings, address)
+
+
+def _run(spec: ReplicaSpec, settings: ClusterSettings, address: str | None) -> None:
+    """Start the deployment and serve until Ctrl-C or SIGTERM, then tear it down."""
+    from llmctl.cluster.deploy import start, stop
+
     if not address:
         # The local cluster's HTTP proxy binds here: say so now, not after Ray
         # has started and its proxy failed (the check `llmctl serve` makes).
         from llmctl.server.serve import check_port
 
-        check_port(host, port)
+        check_port(spec.host, spec.port)
     try:
         url = start(spec, settings, address)
         # `kill` (systemd, docker stop) tears the deployment down as Ctrl-C
         # does; set after ray.init, which installs a SIGTERM handler of its own.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-        err.print(f"Serving on {url}/v1 (router: {router.value}; /health, /metrics, "
+        err.print(f"Serving on {url}/v1 (router: {settings.router}; /health, /metrics, "
                   "/cluster/stats; Ctrl-C to stop)")
         threading.Event().wait()
     except KeyboardInterrupt:

@@ -2,8 +2,9 @@
 once so `chat`, `run` and `serve` spell and document them the same way.
 Each also reads an `LLMCTL_*` environment variable.
 
-Only typer is imported at module level: every command module imports this
-one, so `llmctl CMD --help` pays for nothing more."""
+Only typer and the runtime's speculation defaults (constants) are imported
+at module level: every command module imports this one, so `llmctl CMD
+--help` pays for nothing more."""
 
 from __future__ import annotations
 
@@ -14,17 +15,19 @@ import json
 import typing
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 import typer
 from typing_extensions import Annotated
 
 from llmctl.kv_types import KV_TYPES
+from llmctl.runtime.speculation.config import DRAFT_MAX, DRAFT_MIN, P_MIN
 
 if TYPE_CHECKING:
     from llmctl.runtime.llm import LoadOptions
     from llmctl.runtime.sampling import SamplingParams
 
+T = TypeVar("T", bound=type)
 
 ModelArg = Annotated[Optional[str], typer.Argument(
     help="models.toml name, store name, or path to a .gguf file (default: smollm2).",
@@ -67,6 +70,16 @@ JsonSchema = Annotated[Optional[Path], typer.Option(
     "--json-schema", help="A JSON Schema file every answer must validate against.")]
 
 
+_GROUPS: set[type] = set()
+
+
+def option_group(cls: T) -> T:
+    """Mark the dataclass `cls` as a group of options for with_groups."""
+    _GROUPS.add(cls)
+    return cls
+
+
+@option_group
 @dataclasses.dataclass(frozen=True)
 class Generation:
     """The load and sampling options of `chat` and `run`. Each field is one
@@ -117,30 +130,49 @@ class Generation:
                            n_gpu_layers=self.n_gpu_layers, **extra)
 
 
-def with_generation(fn: Callable) -> Callable:
-    """Expose the fields of Generation as separate options of the command
-    `fn`, in place of its one parameter annotated `Generation`, and call `fn`
-    with them gathered into that Generation. Typer builds a command from the
+def with_groups(fn: Callable) -> Callable:
+    """Expose the fields of each option group (a dataclass marked with
+    @option_group, such as Generation) as separate options of the command
+    `fn`, in place of its parameter annotated with that group, and call `fn`
+    with them gathered into the group. Typer builds a command from the
     signature, so the returned function carries the expanded one.
 
     Raises ValueError at decoration if `fn` has no such parameter."""
     signature = inspect.signature(fn, eval_str=True)
-    slots = [p for p in signature.parameters.values() if p.annotation is Generation]
-    if len(slots) != 1:
-        raise ValueError(f"{fn.__name__} needs exactly one parameter annotated Generation")
-    slot = slots[0]
-    hints = typing.get_type_hints(Generation, include_extras=True)
-    shared = [inspect.Parameter(f.name, slot.kind, default=f.default, annotation=hints[f.name])
-              for f in dataclasses.fields(Generation)]
-    params = list(signature.parameters.values())
-    at = params.index(slot)
-    params[at:at + 1] = shared
+    groups = {p.name: p.annotation for p in signature.parameters.values()
+              if p.annotation in _GROUPS}
+    if not groups:
+        raise ValueError(f"{fn.__name__} needs a parameter annotated with an option group")
+    fields = {name: _expand(group, signature.parameters[name]) for name, group in groups.items()}
+    params = [q for p in signature.parameters.values()
+              for q in (fields[p.name] if p.name in fields else [p])]
+
+    def gather(kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {name: groups[name](**{p.name: kwargs.pop(p.name) for p in fields[name]})
+                for name in groups}
+
+    return replace_parameters(fn, params, gather)
+
+
+def _expand(group: type, slot: inspect.Parameter) -> list[inspect.Parameter]:
+    """The fields of `group` as parameters of the kind of `slot`."""
+    hints = typing.get_type_hints(group, include_extras=True)
+    return [inspect.Parameter(f.name, slot.kind, default=f.default, annotation=hints[f.name])
+            for f in dataclasses.fields(group)]
+
+
+def replace_parameters(fn: Callable, params: list[inspect.Parameter],
+                       gather: Callable[[dict[str, Any]], dict[str, Any]]) -> Callable:
+    """`fn` as a command whose signature is `params`: `gather` takes the
+    parameters `fn` lacks out of the keyword arguments (it pops them) and
+    returns those `fn` takes in their place."""
 
     @functools.wraps(fn)
     def command(**kwargs: Any) -> Any:
-        gen = Generation(**{p.name: kwargs.pop(p.name) for p in shared})
-        return fn(**kwargs, **{slot.name: gen})
+        gathered = gather(kwargs)
+        return fn(**kwargs, **gathered)
 
+    signature = inspect.signature(fn, eval_str=True)
     command.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
     command.__annotations__ = {p.name: p.annotation for p in params}
     return command
@@ -183,8 +215,22 @@ DraftMin = Annotated[int, typer.Option(
     help="Don't speculate with fewer guesses than this.")]
 
 
-def spec_fields(spec: Spec, draft_max: int, draft_min: int, draft: str | None,
-                draft_p_min: float) -> dict:
-    """The LoadOptions fields of the speculation options."""
-    return {"spec": None if spec is Spec.none else spec.value, "draft_max": draft_max,
-            "draft_min": draft_min, "draft": draft, "draft_p_min": draft_p_min}
+@option_group
+@dataclasses.dataclass(frozen=True)
+class Decoding:
+    """--kv-type and the speculation options of `chat`, `run` and `serve`,
+    with the runtime's defaults."""
+
+    kv_type: KvTypeOpt = KvType("f16")
+    spec: SpecOpt = Spec.none
+    draft_max: DraftMax = DRAFT_MAX
+    draft_min: DraftMin = DRAFT_MIN
+    draft: DraftOpt = None
+    draft_p_min: DraftPMin = P_MIN
+
+    def load_fields(self) -> dict[str, Any]:
+        """The LoadOptions fields these options set."""
+        return {"kv_type": self.kv_type.value,
+                "spec": None if self.spec is Spec.none else self.spec.value,
+                "draft_max": self.draft_max, "draft_min": self.draft_min, "draft": self.draft,
+                "draft_p_min": self.draft_p_min}

@@ -18,18 +18,14 @@ def read_prompt(prompt: str) -> str:
 
 
 @handle_errors
-@o.with_generation
+@o.with_groups
 def run(
     gen: o.Generation,
     model: o.ModelArg = None,
     prompt: Annotated[str, typer.Argument(help="The prompt, or - to read it from stdin.")] = "-",
     stats: Annotated[bool, typer.Option("--stats", help="Print speed to stderr.")] = False,
-    kv_type: o.KvTypeOpt = o.KvType("f16"),
-    spec: o.SpecOpt = o.Spec.none,
-    draft_max: o.DraftMax = 8,
-    draft_min: o.DraftMin = 1,
-    draft: o.DraftOpt = None,
-    draft_p_min: o.DraftPMin = 0.75,
+    *,
+    decoding: o.Decoding,
     json: o.Json = False,
 ) -> None:
     """Answer one prompt and exit.
@@ -44,8 +40,7 @@ def run(
     params = gen.sampling()
     # One prompt, one answer: a prefix cache would only cost us flash
     # attention (the engine turns it off for exact cache hits) for no reuse.
-    load = gen.load(prefix_cache=False, kv_type=kv_type.value,
-                    **o.spec_fields(spec, draft_max, draft_min, draft, draft_p_min))
+    load = gen.load(prefix_cache=False, **decoding.load_fields())
     result = run_prompt(model, text, params, load, system=gen.system,
                         on_text=None if json else write_out)
     if json:

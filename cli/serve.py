@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import typer
 from typing_extensions import Annotated
@@ -11,6 +13,9 @@ from typing_extensions import Annotated
 from llmctl.cli import options as o
 from llmctl.cli.common import err, handle_errors
 from llmctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from llmctl.server.serve import PoolSettings
 
 
 class FlashAttn(str, Enum):
@@ -25,71 +30,117 @@ class ReasoningFormat(str, Enum):
     none = "none"
 
 
+Host = Annotated[str, typer.Option("--host", envvar="LLMCTL_HOST")]
+Port = Annotated[int, typer.Option("--port", min=1, max=65535, envvar="LLMCTL_PORT")]
+MaxNumSeqs = Annotated[int, typer.Option(
+    "--max-num-seqs", min=1, max=256, envvar="LLMCTL_MAX_NUM_SEQS",
+    help="Sequences decoded together (continuous batching slots).")]
+MaxNumBatchedTokens = Annotated[int, typer.Option(
+    "--max-num-batched-tokens", min=2, envvar="LLMCTL_MAX_NUM_BATCHED_TOKENS",
+    help="Token budget of one step: decode tokens plus prompt chunks.")]
+MaxQueue = Annotated[int, typer.Option(
+    "--max-queue", min=1, envvar="LLMCTL_MAX_QUEUE",
+    help="Waiting requests beyond the running ones; more get 429.")]
+ApiKey = Annotated[str, typer.Option(
+    "--api-key", envvar="LLMCTL_API_KEY", help="Require 'Authorization: Bearer KEY'.")]
+NoPrefixCache = Annotated[bool, typer.Option(
+    "--no-prefix-cache", envvar="LLMCTL_NO_PREFIX_CACHE", help="Recompute every prompt from scratch.")]
+FlashAttnOpt = Annotated[FlashAttn, typer.Option(
+    "--flash-attn", envvar="LLMCTL_FLASH_ATTN",
+    help="auto: off while the prefix cache is on, so output is token-identical at any "
+         "concurrency (on with a quantized --kv-type, which needs it); on is ~15% faster: "
+         "cache hits stay exact, but logits depend on which requests run together.")]
+PrefixCacheSize = Annotated[float, typer.Option(
+    "--prefix-cache-size", min=0.0, envvar="LLMCTL_PREFIX_CACHE_SIZE",
+    help="Disk budget of the prefix KV cache, in GB.")]
+MaxBodyMb = Annotated[float, typer.Option(
+    "--max-body-mb", min=0.001, envvar="LLMCTL_MAX_BODY_MB",
+    help="Largest request body, in MiB; bigger ones get 413.")]
+MetricsPublic = Annotated[bool, typer.Option(
+    "--metrics-public", envvar="LLMCTL_METRICS_PUBLIC",
+    help="Serve /metrics without the API key (for a Prometheus scraper).")]
+ModelsMax = Annotated[int, typer.Option(
+    "--models-max", min=1, envvar="LLMCTL_MODELS_MAX",
+    help="Models held loaded at once; the least recently used idle one unloads first.")]
+MemoryBudget = Annotated[str, typer.Option(
+    "--memory-budget", envvar="LLMCTL_MEMORY_BUDGET",
+    help="Memory the loaded models may plan to use (weights plus KV cache), e.g. 8GB "
+         "or 512MB; default: the RAM available at start, less 10% (at least 1 GiB).")]
+KeepAlive = Annotated[str, typer.Option(
+    "--keep-alive", envvar="LLMCTL_KEEP_ALIVE",
+    help="How long an idle model stays loaded (30s, 5m, 1h; -1 forever, 0 unload at "
+         "once); a request's keep_alive overrides it. The model named here is kept "
+         "until evicted.")]
+ReasoningFormatOpt = Annotated[ReasoningFormat, typer.Option(
+    "--reasoning-format", envvar="LLMCTL_REASONING_FORMAT",
+    help="deepseek: a leading <think> block goes to message.reasoning_content; none: it "
+         "stays in the content; auto: deepseek for models whose template thinks.")]
+AllowedOrigins = Annotated[str, typer.Option(
+    "--allowed-origins", envvar="LLMCTL_ALLOWED_ORIGINS",
+    help="Comma-separated browser origins allowed besides localhost, e.g. "
+         "https://app.example.com,https://*.example.org ('*': any).")]
+FLASH_ATTN = {FlashAttn.auto: None, FlashAttn.on: True, FlashAttn.off: False}
+
+
+@o.option_group
+@dataclasses.dataclass(frozen=True)
+class Batching:
+    """How many sequences one engine runs and queues, and its step budget."""
+
+    max_num_seqs: MaxNumSeqs = 16
+    max_num_batched_tokens: MaxNumBatchedTokens = 512
+    max_queue: MaxQueue = 256
+
+    def load_fields(self) -> dict[str, int]:
+        """The LoadOptions fields these options set."""
+        return dataclasses.asdict(self)
+
+
+@o.option_group
+@dataclasses.dataclass(frozen=True)
+class Pool:
+    """Which models stay loaded, and how their answers show reasoning."""
+
+    models_max: ModelsMax = 3
+    memory_budget: MemoryBudget = ""
+    keep_alive: KeepAlive = "5m"
+    reasoning_format: ReasoningFormatOpt = ReasoningFormat.auto
+
+    def settings(self) -> PoolSettings:
+        """The server's PoolSettings. Raises UsageError for a bad duration
+        or size. Imports the server stack."""
+        from llmctl.server.keep_alive import parse_keep_alive
+        from llmctl.server.serve import PoolSettings
+
+        try:
+            keep = parse_keep_alive(self.keep_alive)
+        except ValueError as e:
+            raise UsageError(f"--keep-alive {e}") from None
+        budget = parse_bytes(self.memory_budget, "--memory-budget") if self.memory_budget else None
+        return PoolSettings(models_max=self.models_max, keep_alive_s=keep, memory_budget=budget,
+                            reasoning_format=self.reasoning_format.value)
+
+
 @handle_errors
+@o.with_groups
 def serve(
     model: o.ModelArg = None,
-    host: Annotated[str, typer.Option("--host", envvar="LLMCTL_HOST")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", min=1, max=65535, envvar="LLMCTL_PORT")] = 8000,
-    max_num_seqs: Annotated[int, typer.Option(
-        "--max-num-seqs", min=1, max=256, envvar="LLMCTL_MAX_NUM_SEQS",
-        help="Sequences decoded together (continuous batching slots).")] = 16,
-    max_num_batched_tokens: Annotated[int, typer.Option(
-        "--max-num-batched-tokens", min=2, envvar="LLMCTL_MAX_NUM_BATCHED_TOKENS",
-        help="Token budget of one step: decode tokens plus prompt chunks.")] = 512,
-    max_queue: Annotated[int, typer.Option(
-        "--max-queue", min=1, envvar="LLMCTL_MAX_QUEUE",
-        help="Waiting requests beyond the running ones; more get 429.")] = 256,
+    *,
+    host: Host = "127.0.0.1",
+    port: Port = 8000,
+    batching: Batching,
     ctx_size: o.CtxSize = None,
     threads: o.Threads = None,
     n_gpu_layers: o.GpuLayers = "auto",
-    api_key: Annotated[str, typer.Option(
-        "--api-key", envvar="LLMCTL_API_KEY", help="Require 'Authorization: Bearer KEY'.")] = "",
-    no_prefix_cache: Annotated[bool, typer.Option(
-        "--no-prefix-cache", envvar="LLMCTL_NO_PREFIX_CACHE",
-        help="Recompute every prompt from scratch.")] = False,
-    flash_attn: Annotated[FlashAttn, typer.Option(
-        "--flash-attn", envvar="LLMCTL_FLASH_ATTN",
-        help="auto: off while the prefix cache is on, so output is token-identical at any "
-             "concurrency (on with a quantized --kv-type, which needs it); on is ~15% faster: "
-             "cache hits stay exact, but logits depend on which requests run together.")
-    ] = FlashAttn.auto,
-    kv_type: o.KvTypeOpt = o.KvType("f16"),
-    spec: o.SpecOpt = o.Spec.none,
-    draft_max: o.DraftMax = 8,
-    draft_min: o.DraftMin = 1,
-    draft: o.DraftOpt = None,
-    draft_p_min: o.DraftPMin = 0.75,
-    prefix_cache_size: Annotated[float, typer.Option(
-        "--prefix-cache-size", min=0.0, envvar="LLMCTL_PREFIX_CACHE_SIZE",
-        help="Disk budget of the prefix KV cache, in GB.")] = 4.0,
-    max_body_mb: Annotated[float, typer.Option(
-        "--max-body-mb", min=0.001, envvar="LLMCTL_MAX_BODY_MB",
-        help="Largest request body, in MiB; bigger ones get 413.")] = 8.0,
-    metrics_public: Annotated[bool, typer.Option(
-        "--metrics-public", envvar="LLMCTL_METRICS_PUBLIC",
-        help="Serve /metrics without the API key (for a Prometheus scraper).")] = False,
-    models_max: Annotated[int, typer.Option(
-        "--models-max", min=1, envvar="LLMCTL_MODELS_MAX",
-        help="Models held loaded at once; the least recently used idle one unloads "
-             "first.")] = 3,
-    memory_budget: Annotated[str, typer.Option(
-        "--memory-budget", envvar="LLMCTL_MEMORY_BUDGET",
-        help="Memory the loaded models may plan to use (weights plus KV cache), e.g. 8GB "
-             "or 512MB; default: the RAM available at start, less 10% (at least 1 GiB).")] = "",
-    keep_alive: Annotated[str, typer.Option(
-        "--keep-alive", envvar="LLMCTL_KEEP_ALIVE",
-        help="How long an idle model stays loaded (30s, 5m, 1h; -1 forever, 0 unload at "
-             "once); a request's keep_alive overrides it. The model named here is kept "
-             "until evicted.")] = "5m",
-    reasoning_format: Annotated[ReasoningFormat, typer.Option(
-        "--reasoning-format", envvar="LLMCTL_REASONING_FORMAT",
-        help="deepseek: a leading <think> block goes to message.reasoning_content; none: it "
-             "stays in the content; auto: deepseek for models whose template thinks.")
-    ] = ReasoningFormat.auto,
-    allowed_origins: Annotated[str, typer.Option(
-        "--allowed-origins", envvar="LLMCTL_ALLOWED_ORIGINS",
-        help="Comma-separated browser origins allowed besides localhost, e.g. "
-             "https://app.example.com,https://*.example.org ('*': any).")] = "",
+    api_key: ApiKey = "",
+    no_prefix_cache: NoPrefixCache = False,
+    flash_attn: FlashAttnOpt = FlashAttn.auto,
+    decoding: o.Decoding,
+    prefix_cache_size: PrefixCacheSize = 4.0,
+    max_body_mb: MaxBodyMb = 8.0,
+    metrics_public: MetricsPublic = False,
+    pool: Pool,
+    allowed_origins: AllowedOrigins = "",
 ) -> None:
     """Serve models over OpenAI's and Ollama's APIs, loading them on demand.
 
@@ -102,25 +153,14 @@ def serve(
     # the options are checked before the server stack is imported.
     from llmctl.runtime.config import LoadOptions
 
-    load = LoadOptions(ctx_size=ctx_size, threads=threads,
-                       n_gpu_layers=n_gpu_layers, max_num_seqs=max_num_seqs,
-                       max_num_batched_tokens=max_num_batched_tokens, max_queue=max_queue,
+    load = LoadOptions(ctx_size=ctx_size, threads=threads, n_gpu_layers=n_gpu_layers,
                        prefix_cache=not no_prefix_cache, prefix_cache_size_gb=prefix_cache_size,
-                       flash_attn={"auto": None, "on": True, "off": False}[flash_attn.value],
-                       kv_type=kv_type.value, **o.spec_fields(spec, draft_max, draft_min, draft, draft_p_min))
-    from llmctl.runtime.keep_alive import parse_keep_alive
+                       flash_attn=FLASH_ATTN[flash_attn], **batching.load_fields(),
+                       **decoding.load_fields())
     from llmctl.server.middleware import http_policy
-    from llmctl.server.serve import PoolSettings
     from llmctl.server.serve import serve as serve_model
 
-    try:
-        keep = parse_keep_alive(keep_alive)
-    except ValueError as e:
-        raise UsageError(f"--keep-alive {e}") from None
-    settings = PoolSettings(models_max=models_max, keep_alive_s=keep,
-                            memory_budget=parse_bytes(memory_budget, "--memory-budget")
-                            if memory_budget else None,
-                            reasoning_format=reasoning_format.value)
+    settings = pool.settings()
     policy = http_policy(api_key, allowed_origins, max_body_mb, metrics_public)
     serve_model(model, host, port, load, policy, settings=settings,
                 on_ready=lambda url: err.print(f"Serving on {url}/v1 (Ctrl-C to stop)"))
