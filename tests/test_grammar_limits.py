@@ -226,7 +226,7 @@ import llama_cpp as lc
 sys.path.insert(0, sys.argv[1])
 from conftest import smollm2_file
 from llmctl.runtime.llama import LlamaModel
-from llmctl.runtime.llama.backend import _new_grammar
+from llmctl.runtime.llama.grammar_sampler import _new_grammar
 model = LlamaModel(smollm2_file(), vocab_only=True)
 grammar, text = json.loads(sys.stdin.read())
 ptr = _new_grammar(model, grammar)

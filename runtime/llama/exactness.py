@@ -13,7 +13,7 @@ So the guarantee is measured on the machine, never assumed:
 `measure_rows` decodes the same rows one at a time, all together, and
 beside another sequence's row, and compares the logits. `llmctl info`,
 `scripts/bench_rows.py` and the test suite all read it (docs/exactness.md).
-Only runtime/backend.py calls llama.cpp; this module uses its classes."""
+This module calls llama.cpp only through the package's classes."""
 
 from __future__ import annotations
 
@@ -23,13 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from llmctl.runtime.llama.backend import (
-    LLAMA_CPP_VERSION,
-    ContextConfig,
-    LlamaContext,
-    LlamaModel,
-    system_info,
-)
+from llmctl.runtime.llama.context import ContextConfig, LlamaContext
+from llmctl.runtime.llama.library import LLAMA_CPP_VERSION, system_info
+from llmctl.runtime.llama.model import LlamaModel
 
 # Any text works: the measurement needs real tokens, not meaning.
 TEXT = "The quick brown fox jumps over the lazy dog while the hash table grows. " * 60
