@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from llmctl.store.gguf_info import GGUFInfo, kv_bytes_per_elem, kv_cache_bytes
 
 MIB = 1 << 20
-# CUDA context, cuBLAS workspace and llama.cpp's compute buffers; measured
-# in the hundreds of MiB for small models and ~1 GiB for 70B ones.
+# CUDA context, cuBLAS workspace and llama.cpp's compute buffers: the
+# largest models need the most (docs/measurements.md has the figures).
 RESERVE_BYTES = 1024 * MIB
 SAFETY = 0.92   # keep 8% of free memory for fragmentation and other processes
 

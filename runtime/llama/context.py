@@ -63,8 +63,8 @@ class LlamaContext(ContextHandle):
     """One llama_context holding the KV of up to n_seq_max sequences.
 
     Each sequence gets its own KV stream (kv_unified=False): attention then
-    spans only that sequence's cells, which measured faster at batch 16-32
-    than one unified cache whose attention spans every cell.
+    spans only that sequence's cells instead of one unified cache's every
+    cell, which is faster at full batches (docs/measurements.md).
 
     Raises UsageError for an unknown kv_type and LlmctlError, with
     llama.cpp's reason, when the context cannot be made (out of memory, or

@@ -3,8 +3,7 @@
 ggml's CPU kernels compute a one-row step (a lone decode row) with another
 kernel than a multi-row one (a prompt chunk, speculation's checked rows, or
 several sequences decoding together), and on some CPUs the two round
-differently: measured, an AVX-512 Xeon gives bit-identical logits for
-SmolLM2 with flash attention off, an AVX2-only EPYC does not. Where they
+differently (docs/exactness.md lists the machines measured). Where they
 differ, a greedy answer can change at a near-tie (two tokens whose
 log-probabilities are within rounding of each other) depending on the
 company a request keeps or on whether its prompt was a prefix-cache hit.

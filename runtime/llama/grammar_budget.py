@@ -4,8 +4,8 @@ llama.cpp keeps one parse stack per live alternative of the grammar, and a
 grammar whose alternatives share their prefixes (an `anyOf` of eight arrays
 of itself) multiplies them at every token: eight times as many stacks after
 each "[", and accepting a token compares every new stack against the others,
-so its cost grows about 20, 40, then 60 times a token (measured on
-SmolLM2: 0.07, 1.3, 51, then 3,000 ms, the next one minutes). That work runs
+so its cost grows by more each token, from well under a millisecond to
+minutes within a few tokens (docs/measurements.md has the figures). That work runs
 on the engine's one thread, inside a C call nothing can interrupt, so a
 request that reaches it would hold every other request on the model forever.
 
