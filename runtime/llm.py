@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import queue
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator
 
+from llmctl import config
 from llmctl.errors import ContextOverflow, InvalidParams, UsageError
 from llmctl.runtime import planner
 from llmctl.runtime.config import EngineShape, LoadOptions
 from llmctl.runtime.engine.bridge import EventBridge
+from llmctl.runtime.engine.build import start_engine
 from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent, Usage
 from llmctl.runtime.engine.logprobs import TokenLogprob
 from llmctl.runtime.engine.loop import Engine
@@ -19,7 +22,7 @@ from llmctl.runtime.engine.sequence import Sequence
 from llmctl.runtime.engine.stats import Stats
 from llmctl.runtime.formats.template import ChatTemplate, normalize_messages
 from llmctl.runtime.llama import LlamaModel, supports_gpu_offload
-from llmctl.runtime.prefix_cache.cache import PrefixCache
+from llmctl.runtime.prefix_cache.cache import PrefixCache, Weights
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.speculation.draft import check_compatible
 from llmctl.runtime.system import default_threads, list_gpus
@@ -108,18 +111,19 @@ class LLM:
             resolved.template or self.model.chat_template(),
             bos_token=self.model.token_text(self.model.bos),
             eos_token=self.model.token_text(self.model.eos))
-        self.prefix_cache = PrefixCache() if opts.prefix_cache else None
         self.draft_model = self._load_draft()
+        entry = resolved.entry
         try:
-            self.engine = Engine(self.model, opts,
-                                 EngineShape(n_ctx_seq=n_ctx, n_threads=opts.threads or default_threads()),
-                                 prefix_cache=self.prefix_cache, draft_model=self.draft_model)
+            self.engine = start_engine(
+                self.model, opts,
+                EngineShape(n_ctx_seq=n_ctx, n_threads=opts.threads or default_threads()),
+                weights=Weights(resolved.name, Path(resolved.path), entry.sha256 if entry else None),
+                cache_root=config.cache_dir() / "prefix", draft_model=self.draft_model)
         except BaseException:
             if self.draft_model is not None:
                 self.draft_model.close()
             raise
-        if self.prefix_cache is not None:
-            self.prefix_cache.open_disk(self, self.engine)
+        self.prefix_cache: PrefixCache | None = self.engine.prefix_cache
         self._bridges: dict[int, EventBridge] = {}
 
     def _load_draft(self) -> LlamaModel | None:

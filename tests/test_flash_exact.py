@@ -11,8 +11,9 @@ import pytest
 from near_tie import assert_same_until_near_tie, top_from_engine
 from test_prefix_cache import SHARED, SUFFIXES, kv_files, load
 
-from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig, exact_reuse
+from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig
 from llmctl.runtime.engine.sequence import Sequence, Status
+from llmctl.runtime.prefix_cache.rule import exact_reuse
 from llmctl.runtime.sampling import SamplingParams
 
 TILE = SchedulerConfig.tile

@@ -19,10 +19,11 @@ import pytest
 from near_tie import assert_completions_agree, assert_greedy_agree
 
 from conftest import ServerProcess, smollm2_file
-from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig, usable_prefix
+from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig
 from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.llama.exactness import measure_rows
 from llmctl.runtime.prefix_cache import disk as kv_disk
+from llmctl.runtime.prefix_cache.rule import usable_prefix
 from llmctl.runtime.sampling import SamplingParams
 
 # ---- scheduler decisions, no model ----------------------------------------------

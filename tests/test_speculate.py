@@ -9,12 +9,13 @@ import threading
 import pytest
 from near_tie import assert_same_until_near_tie, top_from_engine
 
+from llmctl.runtime.engine.loop import propose_into
 from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig
 from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.speculation.config import SpecConfig
-from llmctl.runtime.speculation.ngram import NGRAM_MAX, NGRAM_MIN, ngram_draft
+from llmctl.runtime.speculation.ngram import NGRAM_MAX, NGRAM_MIN, NgramProposer, ngram_draft
 from llmctl.store.resolve import ResolvedModel
 from tests.conftest import smollm2_file
 
@@ -80,6 +81,7 @@ def test_the_draft_shrinks_as_the_batch_fills(n_seqs, per_seq):
     s = Scheduler(SchedulerConfig(32, 512, spec=SpecConfig("ngram", 8, 1), tile=1))
     decoding(s, n_seqs)
     plan = s.schedule()
+    propose_into(plan, NgramProposer())     # the engine fills the room the scheduler gave
     assert len(plan) == n_seqs
     # Every sequence's text is 7 8 9 7 8 9: the guess is 7 8 9 ... cut to the room.
     assert {len(w.draft) for w in plan} == {min(per_seq, 3)}
@@ -102,7 +104,9 @@ def test_no_guesses_while_a_prompt_waits_to_be_computed():
     decoding(s, 1)
     s.add(Sequence(prompt=list(range(100)), params=SamplingParams(), max_new=8))
     s.admit()
-    assert all(not w.draft for w in s.schedule())
+    plan = s.schedule()
+    propose_into(plan, NgramProposer())
+    assert all(not w.draft for w in plan)
 
 
 # ---- exactness through the engine ------------------------------------------------------

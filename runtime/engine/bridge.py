@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any
+from typing import Callable
+
+from llmctl.runtime.engine.events import Event
 
 
 class EventBridge:
@@ -19,12 +21,13 @@ class EventBridge:
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
         self._lock = threading.Lock()
-        self._pending: list[tuple[asyncio.Queue, Any]] = []
+        self._pending: list[tuple[asyncio.Queue[Event], Event]] = []
         self._scheduled = False
 
-    def sink(self, queue: asyncio.Queue):
-        """A callable the engine may call from its thread."""
-        def emit(event: Any) -> None:
+    def sink(self, queue: asyncio.Queue[Event]) -> Callable[[Event], None]:
+        """A callable the engine may call from its thread, which puts each
+        event into `queue` on the loop. It never raises."""
+        def emit(event: Event) -> None:
             with self._lock:
                 self._pending.append((queue, event))
                 if self._scheduled:

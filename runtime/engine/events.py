@@ -51,3 +51,7 @@ class FinishEvent:
 @dataclass
 class ErrorEvent:
     error: LlmctlError
+
+
+# What a request's `emit` callback is given.
+Event = TokenEvent | FinishEvent | ErrorEvent

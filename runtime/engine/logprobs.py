@@ -51,6 +51,6 @@ def token_logprob(logits: np.ndarray, token: int, n_top: int,
         n_top = min(n_top, row.shape[0])
         best = np.argpartition(-row, n_top - 1)[:n_top]
         # Ties go to the lower id, so the order is the same on every run.
-        best = sorted(best.tolist(), key=lambda t: (-row[t], t))
-        top = tuple(alt(t) for t in best)
+        order = sorted(best.tolist(), key=lambda t: (-row[t], t))
+        top = tuple(alt(t) for t in order)
     return TokenLogprob(alt(int(token)), top)

@@ -17,21 +17,25 @@ import logging
 import random
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from llmctl import config
 from llmctl.errors import ContextOverflow, DecodeError, EngineFailed, InvalidParams, LlmctlError
-from llmctl.runtime.config import EngineShape, LoadOptions
+from llmctl.runtime.config import LoadOptions
 from llmctl.runtime.engine.detok import StopMatcher, Utf8Stream
-from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent, Usage
+from llmctl.runtime.engine.events import ErrorEvent, Event, FinishEvent, TokenEvent, Usage
 from llmctl.runtime.engine.logprobs import TokenLogprob, token_logprob
 from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig, Work
 from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.engine.stats import Stats
-from llmctl.runtime.llama import ContextConfig, LlamaContext, LlamaModel, Sampler, validate_sampling
+from llmctl.runtime.llama import LlamaContext, LlamaModel, Sampler, validate_sampling
 from llmctl.runtime.llama.grammar_budget import GrammarBudget
+from llmctl.runtime.prefix_cache.rule import tile_for
 from llmctl.runtime.sampling import SamplingParams
-from llmctl.runtime.speculation.draft import Drafter
+from llmctl.runtime.speculation.proposer import Proposer, Want, check_guesses
+
+if TYPE_CHECKING:
+    from llmctl.runtime.prefix_cache.cache import PrefixCache
 
 log = logging.getLogger("llmctl.engine")
 
@@ -55,17 +59,19 @@ def stall_limit_s() -> float:
 
 
 class Engine:
-    """Runs requests on one model. Raises EngineFailed from `submit` once
-    its thread has died; `alive` and `failure` say so to health checks, and
-    `stalled` says when it has work and makes no step.
+    """Runs requests on one model in `ctx`, its context made for `opts`
+    (build.py makes the parts), which the engine owns and closes, with
+    `prefix_cache` and `proposer` as they too. Raises EngineFailed from
+    `submit` once its thread has died; `alive` and `failure` say so to
+    health checks, and `stalled` says when it has work and makes no step.
 
     `stall_s` (else LLMCTL_ENGINE_STALL_S) is how long a step may take
     before the engine counts as stalled; `grammar_budget` (else
     LLMCTL_GRAMMAR_BUDGET_MS and _TOTAL_MS) bounds each request's grammar
     work. The constructor raises UsageError for a bad variable."""
 
-    def __init__(self, model: LlamaModel, opts: LoadOptions, shape: EngineShape,
-                 prefix_cache: Any = None, draft_model: LlamaModel | None = None, *,
+    def __init__(self, model: LlamaModel, ctx: LlamaContext, opts: LoadOptions, *,
+                 prefix_cache: PrefixCache | None = None, proposer: Proposer | None = None,
                  stall_s: float | None = None, grammar_budget: GrammarBudget | None = None):
         self.model = model
         self.stall_s = stall_s if stall_s is not None else stall_limit_s()
@@ -73,24 +79,17 @@ class Engine:
         # When the engine last finished a step, or last got work while idle.
         self._progress_at = time.monotonic()
         self.flash_attn = opts.use_flash_attn
-        self.ctx = LlamaContext(model, ContextConfig(
-            n_ctx_seq=shape.n_ctx_seq, n_seq_max=opts.max_num_seqs,
-            n_batch=opts.max_num_batched_tokens, n_threads=shape.n_threads,
-            flash_attn=self.flash_attn, kv_type=opts.kv_type))
-        self.n_ctx_seq = self.ctx.n_ctx_seq
+        self.ctx = ctx
+        self.n_ctx_seq = ctx.n_ctx_seq
         self.max_num_seqs = opts.max_num_seqs
-        # With flash attention, prompts are cut by its 64-row tile so that
-        # prefix hits stay bit-exact (scheduler.py); without, any cut is.
+        # With flash attention, prompts are cut by its tile so that prefix
+        # hits stay bit-exact (prefix_cache/rule.py); without, any cut is.
         self.scheduler = Scheduler(SchedulerConfig(
             opts.max_num_seqs, opts.max_num_batched_tokens, opts.max_queue,
-            prefix_sharing=prefix_cache is not None, tile=64 if self.flash_attn else 1,
+            prefix_sharing=prefix_cache is not None, tile=tile_for(self.flash_attn),
             spec=opts.spec_config, n_ctx_seq=self.n_ctx_seq))
         self.prefix_cache = prefix_cache
-        # The draft model's context mirrors the target's slots and sizes.
-        self.drafter = None if draft_model is None else Drafter(draft_model, ContextConfig(
-            n_ctx_seq=self.n_ctx_seq, n_seq_max=opts.max_num_seqs,
-            n_batch=opts.max_num_batched_tokens, n_threads=shape.n_threads,
-            flash_attn=self.flash_attn), opts.spec_config.p_min)
+        self.proposer = proposer
         self.failure: str | None = None
         self._streams: dict[int, _Stream] = {}
         self._cv = threading.Condition()
@@ -101,7 +100,7 @@ class Engine:
     # ---- called from any thread -------------------------------------------------
 
     def submit(self, prompt: list[int], params: SamplingParams,
-               emit: Callable[[Any], None]) -> Sequence:
+               emit: Callable[[Event], None]) -> Sequence:
         """Queue a request. Raises (before anything streams) when it can never
         run: InvalidParams for an empty prompt or a bad grammar or logit
         bias, ContextOverflow when it does not fit, QueueFull, or
@@ -128,11 +127,13 @@ class Engine:
         return seq
 
     def cancel(self, seq: Sequence) -> None:
+        """Cancel a request; it ends at the engine's next step. Raises nothing."""
         self.scheduler.cancel(seq)
         with self._cv:
             self._cv.notify()
 
     def stats(self) -> Stats:
+        """The counters and gauges, with the age of the current step."""
         return dataclasses.replace(self.scheduler.make_stats(), step_age_s=self._step_age())
 
     def _step_age(self) -> float:
@@ -166,8 +167,8 @@ class Engine:
         self._end_all(lambda seq: self._finish(seq, "cancelled"))
         if self.prefix_cache is not None:
             self.prefix_cache.close()
-        if self.drafter is not None:
-            self.drafter.close()
+        if self.proposer is not None:
+            self.proposer.close()
         self.ctx.close()
 
     # ---- the engine thread ------------------------------------------------------
@@ -193,25 +194,12 @@ class Engine:
             self._guard(seq, self._finish, seq, "cancelled")
         self._admit()
         plan = self.scheduler.schedule()
-        if self.drafter is not None:
-            self._draft(plan)
+        if self.proposer is not None:
+            propose_into(plan, self.proposer)
         if plan:
             self._decode(plan)
 
-    def _draft(self, plan: list[Work]) -> None:
-        """Fill in the draft model's guesses for the sequences the scheduler
-        gave room to guess; too few guesses is a plain step."""
-        asks = [w for w in plan if w.room and self.drafter.worth(
-            w.seq.slot, w.seq.tokens, w.seq.max_new - len(w.seq.output))]
-        if not asks:
-            return
-        guesses = self.drafter.propose([(w.seq.slot, w.seq.tokens, w.room) for w in asks])
-        for w, draft in zip(asks, guesses, strict=False):
-            if len(draft) >= self.scheduler.cfg.spec.draft_min:
-                w.draft = draft
-                w.tokens = [w.tokens[0], *draft]
-
-    def _guard(self, seq: Sequence, fn: Callable, *args: Any) -> None:
+    def _guard(self, seq: Sequence, fn: Callable[..., None], *args: object) -> None:
         """Run one sequence's share of a step; its error fails it alone."""
         try:
             fn(*args)
@@ -275,20 +263,15 @@ class Engine:
                        token_logprob(self.ctx.logits(row), token, n_top, self.model.piece))
 
     def _verify(self, w: Work, row: int) -> None:
-        """Check a speculating step: sample each guessed position in order
-        with the sequence's own sampler and keep guesses while they match,
-        so the tokens are those plain decoding would give. The KV of the
-        rejected guesses is dropped before anything else can read it."""
+        """Check a speculating step (check_guesses), so the tokens are those
+        plain decoding would give. The KV of the rejected guesses is dropped
+        before anything else can read it."""
         seq = w.seq
         self.scheduler.on_computed(seq, 1)
         if seq.cancelled:
             self.ctx.seq_rm(seq.slot, seq.n_computed, -1)
             return
-        sampled = []
-        for i in range(len(w.draft) + 1):
-            sampled.append(self._sample(seq, row + i))
-            if i == len(w.draft) or sampled[-1][0] != w.draft[i]:
-                break
+        sampled = check_guesses(w.draft, lambda i: self._sample(seq, row + i))
         self.scheduler.record_spec(seq, len(w.draft), len(sampled) - 1)
         self.ctx.seq_rm(seq.slot, seq.n_computed + len(sampled) - 1, -1)
         for i, (token, lp) in enumerate(sampled):
@@ -319,6 +302,8 @@ class Engine:
             self._finish(seq, reason)
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        """End a request: release its text held back, park or clear its
+        KV, and send its FinishEvent."""
         stream = self._streams.pop(seq.id, None)
         tail, tail_logprobs = "", []
         if stream is not None:
@@ -337,8 +322,7 @@ class Engine:
                 park = seq.tokens[:seq.n_computed]
             else:
                 self.ctx.seq_rm(seq.slot)
-        self.scheduler.finish(seq, reason, park)
-        now = seq.finished_at
+        now = self.scheduler.finish(seq, reason, park)
         first = seq.first_token_at or now
         seq.emit(FinishEvent(
             reason=seq.finish_reason or reason,
@@ -367,6 +351,26 @@ class Engine:
                 end(seq)
             except Exception:
                 log.exception("ending request %d", seq.id)
+
+
+def propose_into(plan: list[Work], proposer: Proposer) -> None:
+    """Fill in the proposer's guesses for the sequences the scheduler gave
+    room to guess; no guesses is a plain step. Raises what the proposer's
+    `worth` raises (its `propose` never raises)."""
+    asks: list[Work] = []
+    wants: list[Want] = []
+    for w in plan:
+        if w.room:
+            tokens = w.seq.tokens
+            if proposer.worth(w.seq.slot, tokens, w.seq.max_new - len(w.seq.output)):
+                asks.append(w)
+                wants.append((w.seq.slot, tokens, w.room))
+    if not asks:
+        return
+    for w, draft in zip(asks, proposer.propose(wants), strict=False):
+        if draft:
+            w.draft = draft
+            w.tokens = [w.tokens[0], *draft]
 
 
 def _split(plan: list[Work]) -> tuple[list[Work], list[Work]] | None:

@@ -7,37 +7,28 @@ after another (rather than a slice of each) makes the first request's first
 token come soonest, and never stalls running streams for longer than one
 budget's worth of prefill.
 
-With prefix sharing on, a finished sequence's slot is parked with its KV
-(least recently used first out) instead of being freed, and each admitted
-sequence is told where the longest computed prefix of its prompt lives: in
-its own (parked) slot, in another slot to copy from, or in a leader that is
-still prefilling it, in which case it waits (holding its slot, computing
-nothing) until the leader has computed the shared part. N requests sharing a
-new system prompt thus compute it once.
+The slots themselves (free, parked with KV, prefix plans) are the slot
+table's (slots.py). Prompts are cut by prefix_cache.rule's tile rule, so
+that a token's KV and logits never depend on whether its prefix came from
+the cache: a chunk cut for the budget leaves a tile for later.
 
-Prompts are cut so that a token's KV and logits never depend on whether its
-prefix came from the cache. ggml's CPU flash attention computes a chunk of
-at least `tile` (64) query rows with its tiled kernel and a shorter one row
-by row, and the two round differently (measured: a 63-row chunk changes the
-logits, 64 or more in any split do not). So with `tile` > 1, a prompt of at
-least `tile` tokens is only ever computed in chunks of at least `tile`
-rows: a reused prefix leaves `tile` tokens to compute, a chunk cut for the
-budget leaves `tile` for later, and only prompt tokens are reused (a
-generated token was computed in a one-row chunk). A shorter prompt goes row
-by row however it is cut, so it is cut freely but reuses nothing."""
+With speculation on, the scheduler only budgets guessed rows: it gives each
+decoding sequence `room` for guesses, which a proposer then fills in
+(speculation/)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 
 from llmctl.errors import QueueFull
 from llmctl.runtime.engine.sequence import Sequence, Status
+from llmctl.runtime.engine.slots import SlotTable
 from llmctl.runtime.engine.stats import Stats, StatsCollector
+from llmctl.runtime.prefix_cache.rule import TILE
 from llmctl.runtime.speculation.config import SpecConfig
-from llmctl.runtime.speculation.ngram import ngram_draft
 
 
 @dataclass(frozen=True)
@@ -49,15 +40,14 @@ class SchedulerConfig:
     max_queue: int = 256
     prefix_sharing: bool = False
     min_share: int = 32         # shorter prefixes are not worth a copy or a wait
-    # Rows of ggml's flash-attention tile (GGML_FA_TILE_Q); 1: any cut is exact
+    # The exactness rule's tile (prefix_cache/rule.py); 1: any cut is exact
     # (flash attention off), and generated tokens are reused too.
-    tile: int = 64
+    tile: int = TILE
     max_chunk: int = 512        # llama.cpp's n_ubatch: a longer chunk is cut again there
     spec: SpecConfig = SpecConfig()     # speculation (off by default)
     # Guessed tokens one step may check across all sequences, and the most
     # decoding sequences that speculate at all: a checked row costs compute
-    # a full batch no longer has spare (scripts/bench_draft.py on 2 cores:
-    # one guess each at 8 sequences ran 0.67x plain decoding).
+    # a full batch no longer has spare (docs/speculation.md has the figures).
     spec_rows: int = 8
     spec_seqs: int = 2
     n_ctx_seq: int = 1 << 30    # a sequence's KV room: guesses must fit it
@@ -65,17 +55,19 @@ class SchedulerConfig:
 
 @dataclass
 class Work:
+    """One sequence's share of a step: tokens to compute from `pos`."""
+
     seq: Sequence
     tokens: list[int]
     pos: int            # position of tokens[0] in the sequence
     sample: bool        # this chunk ends the known tokens: sample after it
-    draft: list[int] = field(default_factory=list)  # guesses after tokens[0] (speculation)
-    room: int = 0       # guesses a draft model may add (the engine asks it)
+    draft: list[int] = field(default_factory=list)  # guesses after tokens[0], a proposer's
+    room: int = 0       # guesses the budget allows this step (speculation)
 
 
 class Scheduler:
-    """Owns the request lifecycle: the waiting queue, the slots (free, busy
-    or parked with KV), each sequence's Status, and the statistics.
+    """Owns the request lifecycle: the waiting queue, each sequence's
+    Status, the slot table, the token budget and the statistics.
 
     `add`, `cancel`, `counts` and `make_stats` may be called from any
     thread; everything else runs on the engine thread."""
@@ -85,8 +77,7 @@ class Scheduler:
         self._lock = threading.Lock()       # guards _waiting against add()
         self._waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self._free = list(range(cfg.max_num_seqs - 1, -1, -1))
-        self._parked: OrderedDict[int, list[int]] = OrderedDict()   # slot -> tokens in its KV
+        self.slots = SlotTable(cfg.max_num_seqs, min_share=cfg.min_share, tile=cfg.tile)
         self._stats = StatsCollector()
 
     # ---- any thread -------------------------------------------------------------
@@ -96,7 +87,7 @@ class Scheduler:
         requests would wait beyond the slots (free or parked) that can take
         them at the next step."""
         with self._lock:
-            queued = len(self._waiting) - len(self._free) - len(self._parked)
+            queued = len(self._waiting) - self.slots.room()
             if queued >= self.cfg.max_queue:
                 raise QueueFull("server busy: the request queue is full, retry shortly")
             seq.status = Status.WAITING
@@ -109,12 +100,11 @@ class Scheduler:
 
     def counts(self) -> tuple[int, int, int, int]:
         """(running, waiting, parked slots, free slots)."""
-        return len(self.running), len(self._waiting), len(self._parked), len(self._free)
+        return (len(self.running), len(self._waiting), *self.slots.counts())
 
     def record_spec(self, seq: Sequence, drafted: int, accepted: int) -> None:
-        """Count a speculating step and set the sequence's next guess cap:
-        a checked row costs a fifth to a third of a decode step here
-        (scripts/bench_rows.py, 1.5B on 2 cores: 9 rows cost 2.6-3.6 steps),
+        """Count a speculating step and set the sequence's next guess cap: a
+        checked row costs a good part of a decode step (docs/speculation.md),
         so a sequence whose guesses keep failing checks one at a time, and
         one whose guesses hold doubles its cap."""
         seq.spec_cap = 2 * accepted + 1
@@ -147,84 +137,24 @@ class Scheduler:
         parked one (evicted least recently used) is taken; a parked slot
         whose tokens best match the prompt is preferred."""
         admitted = []
-        while self._free or self._parked:
+        while self.slots.room():
             with self._lock:
                 if not self._waiting:
                     break
                 seq = self._waiting.popleft()
-            seq.slot, n_in_place = self._take_slot(seq.prompt)
+            seq.slot, n_in_place = self.slots.take(seq.prompt)
             seq.kv_src = (seq.slot, n_in_place)
             seq.status = Status.PREFILLING
             self.running.append(seq)
             if self.cfg.prefix_sharing:
-                self._plan_prefix(seq)
+                self.slots.plan_prefix(seq, self.running)
             admitted.append(seq)
         return admitted
 
-    def _take_slot(self, prompt: list[int]) -> tuple[int, int]:
-        best, best_n = -1, 0
-        for slot, tokens in self._parked.items():
-            n = self._reusable(tokens, prompt)
-            if n > best_n:
-                best, best_n = slot, n
-        if best_n >= self.cfg.min_share:
-            del self._parked[best]
-            return best, best_n
-        if self._free:
-            # Lowest id first: llama.cpp packs only runs of consecutive seq
-            # ids into one ubatch, so compact slots mean fewer, fuller ubatches.
-            slot = min(self._free)
-            self._free.remove(slot)
-            return slot, 0
-        slot, _ = self._parked.popitem(last=False)
-        return slot, 0
-
-    def _plan_prefix(self, seq: Sequence) -> None:
-        """Pick the longest computed prefix to reuse now, or a leader to wait
-        for when one is prefilling a clearly longer shared prefix."""
-        src, n = seq.kv_src
-        leader, target = None, 0
-        for other in self.running:
-            if other is seq or other.status is Status.WAITING_PREFIX:
-                continue
-            shared = self._reusable(other.prompt if self.cfg.tile > 1 else other.tokens, seq.prompt)
-            have = min(shared, other.n_computed)
-            if have > n and have >= self.cfg.min_share:
-                src, n = other.slot, have
-            if (other.status is Status.PREFILLING and shared - have >= self.cfg.min_share
-                    and shared > target):
-                leader, target = other, shared
-        for slot, tokens in self._parked.items():
-            have = self._reusable(tokens, seq.prompt)
-            if have > n and have >= self.cfg.min_share:
-                src, n = slot, have
-        seq.kv_src = (src, n) if n else (seq.slot, 0)
-        if leader is not None and target >= n + self.cfg.min_share:
-            seq.wait_for, seq.wait_until = leader, target
-            seq.status = Status.WAITING_PREFIX
-
-    def _reusable(self, have: list[int], prompt: list[int]) -> int:
-        return exact_reuse(usable_prefix(have, prompt), len(prompt), self.cfg.tile)
-
     def release_waiters(self) -> list[Sequence]:
         """Sequences whose leader has computed what they wait for (or is
-        gone); their prefix is planned again from what exists now."""
-        ready = []
-        for seq in self.running:
-            lead = seq.wait_for
-            if seq.status is not Status.WAITING_PREFIX or lead is None:
-                continue
-            if lead.status.has_slot and lead.n_computed < seq.wait_until:
-                continue
-            seq.wait_for = None
-            seq.status = Status.PREFILLING
-            src, n = seq.kv_src
-            if src != seq.slot:
-                seq.kv_src = (seq.slot, 0)
-            self._plan_prefix(seq)
-            if seq.status is Status.PREFILLING:
-                ready.append(seq)
-        return ready
+        gone), planned again: SlotTable.release_waiters."""
+        return self.slots.release_waiters(self.running)
 
     # ---- engine thread: steps ---------------------------------------------------
 
@@ -261,10 +191,10 @@ class Scheduler:
                 alone.add(seq.slot)
         skip = {slot + d for slot in alone for d in (-1, 1)}
         steps = [seq for seq in decoding if seq.slot not in skip]
-        k = self._draft_len(len(steps), bool(chunks))
+        k = self._guess_budget(len(steps), bool(chunks))
         return [self._decode_work(seq, k) for seq in steps] + chunks
 
-    def _draft_len(self, n_decoding: int, prefilling: bool) -> int:
+    def _guess_budget(self, n_decoding: int, prefilling: bool) -> int:
         """Guesses per decoding sequence this step: none while prompts wait
         to be computed (they come first) and fewer as the batch fills."""
         spec = self.cfg.spec
@@ -280,10 +210,7 @@ class Scheduler:
                    self.cfg.n_ctx_seq - len(seq.prompt) - len(seq.output) - 1)
         if room < self.cfg.spec.draft_min:
             room = 0
-        if self.cfg.spec.mode == "draft":
-            return Work(seq, [seq.output[-1]], seq.n_computed, True, room=room)
-        draft = ngram_draft(seq.tokens, room) if room else []
-        return Work(seq, [seq.output[-1], *draft], seq.n_computed, True, draft)
+        return Work(seq, [seq.output[-1]], seq.n_computed, True, room=room)
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """How many prompt tokens to compute now: all that are left if they
@@ -310,24 +237,19 @@ class Scheduler:
         seq.output.append(token)
         seq.status = Status.DECODING
 
-    def finish(self, seq: Sequence, reason: str, park: list[int] | None = None) -> None:
-        """End a request and count it. Its slot is parked with `park`, the
-        tokens whose KV it still holds, or freed (then its KV is the
-        engine's to clear)."""
-        if seq.status is Status.FINISHED:
-            return
+    def finish(self, seq: Sequence, reason: str, park: list[int] | None = None) -> float:
+        """End a request and count it; returns when it finished. Its slot is
+        parked with `park`, the tokens whose KV it still holds, or freed
+        (then its KV is the engine's to clear)."""
+        if seq.status is Status.FINISHED and seq.finished_at is not None:
+            return seq.finished_at
         had_slot = seq.status.has_slot
         seq.status = Status.FINISHED
         seq.finish_reason = seq.finish_reason or reason
-        seq.finished_at = time.perf_counter()
+        seq.finished_at = now = time.perf_counter()
         if had_slot:
             self.running.remove(seq)
-            if park is not None and self.cfg.tile > 1:
-                park = park[:len(seq.prompt)] if len(seq.prompt) >= self.cfg.tile else []
-            if park is not None and len(park) >= self.cfg.min_share:
-                self._parked[seq.slot] = park
-            else:
-                self._free.append(seq.slot)
+            self.slots.give_back(seq, park)
         else:
             with self._lock:
                 if seq in self._waiting:
@@ -337,7 +259,8 @@ class Scheduler:
         self._stats.record(outcome, len(seq.prompt), seq.n_cached,
                            seq.n_cached if seq.cached_from_disk else 0, len(seq.output),
                            None if first is None else first - seq.arrived,
-                           0.0 if first is None else seq.finished_at - first)
+                           0.0 if first is None else now - first)
+        return now
 
     def should_park(self, seq: Sequence) -> bool:
         return (self.cfg.prefix_sharing and seq.status is not Status.WAITING_PREFIX
@@ -345,10 +268,10 @@ class Scheduler:
 
     def parked_slots(self) -> dict[int, list[int]]:
         """Parked slots, least recently used first, with the tokens in their KV."""
-        return dict(self._parked)
+        return self.slots.parked_slots()
 
     def is_free(self, slot: int) -> bool:
-        return slot in self._free
+        return self.slots.is_free(slot)
 
     @staticmethod
     def stop_reason(seq: Sequence, token: int, is_eog: bool, n_ctx_seq: int) -> str | None:
@@ -361,30 +284,3 @@ class Scheduler:
             return "length"
         return None
 
-
-def exact_reuse(n: int, n_prompt: int, tile: int) -> int:
-    """How much of an `n`-token computed prefix a prompt of `n_prompt`
-    tokens may reuse and still get the KV it would compute itself (see the
-    module docstring): all of it with `tile` 1; else none for a prompt
-    shorter than a tile, and never the last tile's worth."""
-    if tile <= 1:
-        return n
-    return 0 if n_prompt < tile else min(n, n_prompt - tile)
-
-
-def usable_prefix(have: list[int], prompt: list[int]) -> int:
-    """Tokens of `prompt` that `have` starts with, leaving the last prompt
-    token to compute: its logits are what the first sample needs."""
-    limit = min(len(have), len(prompt) - 1)
-    if limit <= 0:
-        return 0
-    if have[:limit] == prompt[:limit]:
-        return limit
-    lo, hi = 0, limit          # have[:lo] matches, have[:hi] does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if have[lo:mid] == prompt[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo

@@ -1,6 +1,7 @@
 """A Sequence is one request's life inside the engine: its tokens, its place
 in the KV cache, how far its prompt has been computed, and which of the
-lifecycle states below it is in. Only the scheduler changes `status`."""
+lifecycle states below it is in. Only the scheduler and its slot table
+change `status`."""
 
 from __future__ import annotations
 
@@ -8,17 +9,20 @@ import itertools
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from llmctl.runtime.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from llmctl.runtime.engine.events import Event
 
 _ids = itertools.count(1)
 
 
 class Status(Enum):
     """Where a request is. A finished sequence's slot may stay *parked* with
-    its KV for later requests; that is the slot's state (the scheduler's
-    parked table), not the sequence's."""
+    its KV for later requests; that is the slot's state (the slot table's),
+    not the sequence's."""
 
     WAITING = "waiting"                 # queued, no slot yet
     WAITING_PREFIX = "waiting_prefix"   # has a slot; waits for a leader's shared prefix
@@ -36,7 +40,7 @@ class Sequence:
     prompt: list[int]
     params: SamplingParams
     max_new: int                        # resolved max_tokens (context-capped)
-    emit: Callable[[Any], None] = lambda event: None
+    emit: Callable[[Event], None] = lambda event: None
     id: int = field(default_factory=lambda: next(_ids))
     status: Status = Status.WAITING
     slot: int = -1                      # llama.cpp seq_id while it has a slot

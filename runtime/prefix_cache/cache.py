@@ -1,5 +1,5 @@
 """Prompt-prefix KV reuse: the engine's hooks that move KV between slots and
-the disk. The scheduler decides (plain Python) where each new sequence's
+the disk. The slot table decides (plain Python) where each new sequence's
 longest computed prefix is: its own parked slot, another slot, or a leader
 that is still prefilling it. This file carries those decisions out with
 llama.cpp, and adds the disk store on top.
@@ -9,19 +9,27 @@ sequence (kv_unified=False), llama.cpp copies a whole stream buffer (it
 asserts on partial ranges across streams) and only marks the source
 sequence's cells in the destination, so we copy the whole stream and then
 seq_rm the tail past the match. The buffer copy itself runs at the start of
-the next llama_decode, before that batch writes anything."""
+the next llama_decode, before that batch writes anything.
+
+The cache is built whole, before the engine that uses it: `open_prefix_cache`
+takes the weights' identity and the engine context's KV layout, which key
+the disk store."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from llmctl import config
-from llmctl.runtime.engine.scheduler import SchedulerConfig, exact_reuse
 from llmctl.runtime.engine.sequence import Sequence
 from llmctl.runtime.llama import LLAMA_CPP_VERSION
 from llmctl.runtime.prefix_cache.disk import BLOCK, DiskStore, Hit
+from llmctl.runtime.prefix_cache.rule import TILE, exact_reuse
+
+if TYPE_CHECKING:
+    from llmctl.runtime.llama import LlamaContext
 
 log = logging.getLogger("llmctl.prefix_cache")
 
@@ -30,7 +38,8 @@ MIN_DISK_GAIN = 64      # restoring fewer extra tokens than this is not worth a 
 
 def file_identity(path: Path, sha256: str | None) -> str:
     """The store's sha256 when known; otherwise a cheap content fingerprint
-    (size, first and last MiB) so a multi-GB file is not hashed at load."""
+    (size, first and last MiB) so a multi-GB file is not hashed at load.
+    Raises OSError when the file cannot be read."""
     if sha256:
         return sha256
     h = hashlib.sha256()
@@ -43,43 +52,66 @@ def file_identity(path: Path, sha256: str | None) -> str:
     return "fp-" + h.hexdigest()
 
 
+@dataclass(frozen=True)
+class Weights:
+    """Which model file the KV comes from."""
+
+    name: str
+    path: Path
+    sha256: str | None      # the store's, when it knows it
+
+
+@dataclass(frozen=True)
+class KvLayout:
+    """The engine context's settings that change the bytes of a saved state
+    (the context's own n_ctx_seq, which llama.cpp may round up)."""
+
+    n_ctx_seq: int
+    n_seq_max: int
+    kv_type: str
+    flash_attn: bool
+
+
+def disk_identity(weights: Weights, kv: KvLayout) -> dict[str, object]:
+    """The disk store's key: everything that changes a state's bytes. Its
+    key order is meta.json's. Raises OSError when the weights cannot be read."""
+    return {
+        "model": weights.name,
+        "path": str(weights.path),
+        "sha256": file_identity(weights.path, weights.sha256),
+        "n_ctx_seq": kv.n_ctx_seq, "n_seq_max": kv.n_seq_max,
+        "kv_type": kv.kv_type, "flash_attn": kv.flash_attn, "rope": "model",
+        # 2: prompts cut by the flash-attention tile rule (rule.py), so
+        # states saved under the old cuts are never restored.
+        "llama_cpp": LLAMA_CPP_VERSION, "format": 2,
+    }
+
+
+def open_prefix_cache(weights: Weights, kv: KvLayout, *, root: Path, budget_bytes: int,
+                      tile: int) -> PrefixCache:
+    """A prefix cache whose disk store under `root` (none for a budget of 0
+    or less) is keyed by `weights` and `kv`; `tile` is the engine's
+    exactness rule (rule.py). Raises OSError when the weights cannot be read."""
+    disk = None if budget_bytes <= 0 else DiskStore(root, disk_identity(weights, kv), budget_bytes)
+    return PrefixCache(disk, tile)
+
+
 class PrefixCache:
-    """Moves KV between slots and the disk on the engine's behalf. Memory
-    sharing works from construction; `open_disk` adds the disk store."""
+    """Moves KV between slots and, with a `disk` store, to and from the
+    disk, on the engine's behalf. `tile` is the engine's (rule.py): how
+    much of a hit may be reused exactly."""
 
-    def __init__(self, disk: DiskStore | None = None, tile: int = SchedulerConfig.tile):
+    def __init__(self, disk: DiskStore | None = None, tile: int = TILE):
         self.disk = disk
-        self.tile = tile        # the scheduler's: how much of a hit may be reused exactly
-
-    def open_disk(self, llm, engine) -> None:
-        """Key the disk store by everything that changes the bytes of a saved
-        sequence state, reading the engine's own settings (its flash
-        attention decision among them) so the key can't drift from them."""
-        opts = llm.opts
-        self.tile = engine.scheduler.cfg.tile
-        budget = int(opts.prefix_cache_size_gb * 1e9)
-        if budget <= 0:
-            return
-        entry = llm.resolved.entry
-        identity = {
-            "model": llm.resolved.name,
-            "path": str(llm.resolved.path),
-            "sha256": file_identity(Path(llm.resolved.path), entry.sha256 if entry else None),
-            "n_ctx_seq": engine.n_ctx_seq, "n_seq_max": engine.max_num_seqs,
-            "kv_type": engine.ctx.cfg.kv_type, "flash_attn": engine.flash_attn, "rope": "model",
-            # 2: prompts cut by the flash-attention tile rule (scheduler.py), so
-            # states saved under the old cuts are never restored.
-            "llama_cpp": LLAMA_CPP_VERSION, "format": 2,
-        }
-        self.disk = DiskStore(config.cache_dir() / "prefix", identity, budget)
+        self.tile = tile
 
     # ---- engine hooks (engine thread) ------------------------------------------
 
-    def attach(self, ctx, seqs: list[Sequence]) -> list[tuple[Sequence, Exception]]:
+    def attach(self, ctx: LlamaContext, seqs: list[Sequence]) -> list[tuple[Sequence, Exception]]:
         """Give each newly started sequence the KV its plan names. Returns
         the sequences that failed, with their errors; the rest go on."""
         copy_sources: set[int] = set()
-        failed = []
+        failed: list[tuple[Sequence, Exception]] = []
         for seq in seqs:
             try:
                 self._attach_one(ctx, seq, copy_sources)
@@ -88,13 +120,13 @@ class PrefixCache:
                 failed.append((seq, e))
         return failed
 
-    def _attach_one(self, ctx, seq: Sequence, copy_sources: set[int]) -> None:
+    def _attach_one(self, ctx: LlamaContext, seq: Sequence, copy_sources: set[int]) -> None:
         src, n = seq.kv_src
         hit = self._disk_hit(seq, n)
         # A state_set into a slot that a copy still has to read (the copy
         # runs at the next decode) would hand the copy the wrong bytes.
-        if hit is not None and seq.slot not in copy_sources:
-            restored = self._restore(ctx, seq, hit)
+        if hit is not None and self.disk is not None and seq.slot not in copy_sources:
+            restored = self._restore(self.disk, ctx, seq, hit)
             if restored:
                 return
             if restored is None and src == seq.slot:
@@ -117,14 +149,15 @@ class PrefixCache:
         hit.n = exact_reuse(hit.n, len(seq.prompt), self.tile)
         return hit if hit.n >= n_memory + MIN_DISK_GAIN else None
 
-    def _restore(self, ctx, seq: Sequence, hit: Hit) -> bool | None:
+    @staticmethod
+    def _restore(disk: DiskStore, ctx: LlamaContext, seq: Sequence, hit: Hit) -> bool | None:
         """True when restored; False when the slot is untouched; None when
         llama.cpp rejected the state and the slot was cleared."""
-        data = self.disk.load(hit)
+        data = disk.load(hit)
         if data is None:
             return False
         if not ctx.state_set(data, seq.slot):
-            self.disk.discard(hit)
+            disk.discard(hit)
             ctx.seq_rm(seq.slot)
             return None
         ctx.seq_rm(seq.slot, hit.n, -1)
@@ -132,31 +165,33 @@ class PrefixCache:
         seq.cached_from_disk = True
         return True
 
-    def on_prefilled(self, ctx, seq: Sequence) -> None:
+    def on_prefilled(self, ctx: LlamaContext, seq: Sequence) -> None:
         """Save the prompt's state when this sequence computed at least a
         block of it itself (copies of a known prefix add nothing new)."""
         if self.disk is None or len(seq.prompt) - seq.n_cached < BLOCK:
             return
-        self._save(ctx, seq, seq.prompt)
+        self._save(self.disk, ctx, seq, seq.prompt)
 
-    def on_finished(self, ctx, seq: Sequence) -> None:
+    def on_finished(self, ctx: LlamaContext, seq: Sequence) -> None:
         """Save the reply too when it added a whole block: the next turn of a
         conversation resends it. Not with a tile rule: a generated token's KV
         comes from a one-row chunk, which a prompt never computes."""
         if (self.disk is None or self.tile > 1
                 or seq.n_computed // BLOCK <= len(seq.prompt) // BLOCK):
             return
-        self._save(ctx, seq, seq.tokens[:seq.n_computed])
+        self._save(self.disk, ctx, seq, seq.tokens[:seq.n_computed])
 
-    def _save(self, ctx, seq: Sequence, tokens: list[int]) -> None:
+    @staticmethod
+    def _save(disk: DiskStore, ctx: LlamaContext, seq: Sequence, tokens: list[int]) -> None:
         try:
-            if self.disk.has(tokens):
+            if disk.has(tokens):
                 return
         except OSError:
             pass
         # Copying the bytes out is the only part on the engine thread.
-        self.disk.save(tokens, ctx.state_get(seq.slot))
+        disk.save(tokens, ctx.state_get(seq.slot))
 
     def close(self) -> None:
+        """Write what the disk store has queued, then stop its writer."""
         if self.disk is not None:
             self.disk.close()

@@ -12,8 +12,7 @@ prompt's chain from the longest end, a few stat() calls.
 
 A state file (format 2) is `_HEAD` (magic, format, header length, payload
 length, payload CRC32), a CRC32 over `_HEAD` and the header, the JSON header,
-then the payload. The header's CRC is checked before its JSON is parsed; the
-payload's when it is loaded. Format 1 files count as foreign.
+then the payload (state_file.py).
 
 The folders are owner-only (0700). Only regular files and real directories
 owned by this user are read or deleted: symlinks are never followed, other
@@ -25,19 +24,15 @@ writing (read-only or full disk) are logged once and dropped."""
 
 from __future__ import annotations
 
-import array
 import contextlib
-import hashlib
 import json
 import logging
 import os
 import queue
 import re
 import stat
-import struct
 import threading
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,33 +45,22 @@ from llmctl.files import (
     owned_stat,
     remove_owned,
 )
-from llmctl.runtime.engine.scheduler import usable_prefix
+from llmctl.runtime.prefix_cache.rule import usable_prefix
+from llmctl.runtime.prefix_cache.state_file import (
+    BLOCK,
+    FIXED_SIZE,
+    block_chain,
+    decode_header,
+    namespace,
+    read_header,
+    read_state,
+    state_prefix,
+)
 
 log = logging.getLogger("llmctl.prefix_cache")
 
-BLOCK = 256
-MAGIC = b"LLMCTLKV"
-VERSION = 2
-_HEAD = struct.Struct("<8sIIQI")    # magic, format, header length, payload length, payload crc32
-_CRC = struct.Struct("<I")          # crc32 over _HEAD and the header
-_MAX_HEADER = 64 << 20
 _HEX_NAME = re.compile(r"[0-9a-f]{32}")
 _CLOSE_TIMEOUT_S = 600              # a state is written in well under a second; a hung disk is not
-
-
-def namespace(identity: dict) -> str:
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
-
-
-def block_chain(ns: str, tokens: list[int], n_blocks: int) -> list[str]:
-    """Hash of each block-aligned prefix: block i's hash covers all before it."""
-    h = hashlib.sha256(ns.encode()).digest()
-    out = []
-    for i in range(n_blocks):
-        block = array.array("i", tokens[i * BLOCK:(i + 1) * BLOCK]).tobytes()
-        h = hashlib.sha256(h + block).digest()
-        out.append(h.hex()[:32])
-    return out
 
 
 @dataclass
@@ -90,13 +74,7 @@ class Hit:
 class _Job:
     tokens: list[int]
     chain: list[str]
-    blob: bytes
-
-
-def state_prefix(header: bytes, payload: bytes) -> bytes:
-    """The bytes a state file starts with, before `header` (JSON) and `payload`."""
-    head = _HEAD.pack(MAGIC, VERSION, len(header), len(payload), zlib.crc32(payload))
-    return head + _CRC.pack(zlib.crc32(header, zlib.crc32(head)))
+    blob: bytes | memoryview    # a state as llama.cpp copied it out
 
 
 def _remove_own(path: Path, why: str = "", symlinks: bool = False) -> None:
@@ -122,59 +100,6 @@ def _own_files(d: Path, suffix: str) -> list[tuple[Path, os.stat_result]]:
                  if e.name.endswith(suffix))
         return [(path, st) for path, st in found if st is not None]
     return []
-
-
-def _read_state(path: Path, payload: bool = False) -> tuple[bytes, int, int, bytes] | None:
-    """(raw header, header CRC, payload length, payload or b"" unless asked)
-    of a state file of ours, each part read checked against its CRC; None
-    when no regular file of ours is there. Raises ValueError when it is not a
-    whole state file of this format, OSError when it cannot be read."""
-    opened = open_owned(path)
-    if opened is None:
-        return None
-    with opened[0] as f:
-        fixed = f.read(_HEAD.size + _CRC.size)
-        if len(fixed) != _HEAD.size + _CRC.size:
-            raise ValueError("shorter than a header")
-        magic, version, hlen, plen, pcrc = _HEAD.unpack_from(fixed)
-        if magic != MAGIC or version != VERSION:
-            raise ValueError("not a state file of this format")
-        if hlen > _MAX_HEADER or opened[1] != len(fixed) + hlen + plen:
-            raise ValueError("truncated or padded")
-        raw = f.read(hlen)
-        (crc,) = _CRC.unpack_from(fixed, _HEAD.size)
-        if len(raw) != hlen or zlib.crc32(raw, zlib.crc32(fixed[:_HEAD.size])) != crc:
-            raise ValueError("header checksum mismatch")
-        data = f.read(plen) if payload else b""
-    if payload and (len(data) != plen or zlib.crc32(data) != pcrc):
-        raise ValueError("payload checksum mismatch")
-    return raw, crc, plen, data
-
-
-def _decode_header(raw: bytes) -> dict:
-    """The header's fields, type-checked. Raises ValueError otherwise."""
-    try:
-        header = json.loads(raw)
-    except RecursionError as e:
-        raise ValueError("header nested too deeply") from e
-    if not (isinstance(header, dict) and isinstance(header.get("ns"), str)
-            and type(header.get("n_tokens")) is int
-            and isinstance(header.get("tokens"), list)
-            and all(type(t) is int for t in header["tokens"])
-            and isinstance(header.get("chain"), list)
-            and all(isinstance(h, str) for h in header["chain"])):
-        raise ValueError("header fields missing or of the wrong type")
-    return header
-
-
-def read_header(path: Path) -> tuple[dict, int, int] | None:
-    """(header, header length, payload length), or None when the file is not
-    a whole state file of ours. Raises OSError when it cannot be read."""
-    try:
-        state = _read_state(path)
-        return None if state is None else (_decode_header(state[0]), len(state[0]), state[2])
-    except ValueError:
-        return None
 
 
 class DiskStore:
@@ -235,10 +160,10 @@ class DiskStore:
 
     def _check(self, path: Path, h: str, prompt: list[int], k: int) -> Hit | None:
         try:
-            state = _read_state(path)
+            state = read_state(path)
             if state is None:
                 return None     # gone (another server evicted it), or not ours to judge
-            header = _decode_header(state[0])
+            header = decode_header(state[0])
         except OSError:
             return None
         except ValueError as e:
@@ -256,7 +181,7 @@ class DiskStore:
         """The state's bytes, both checksums checked; None when the file is
         gone, bad (then deleted) or replaced since the lookup. Never raises."""
         try:
-            state = _read_state(hit.path, payload=True)
+            state = read_state(hit.path, payload=True)
         except OSError:
             return None
         except ValueError as e:
@@ -278,7 +203,7 @@ class DiskStore:
 
     # ---- saving (writer thread) -------------------------------------------------
 
-    def save(self, tokens: list[int], blob: bytes) -> bool:
+    def save(self, tokens: list[int], blob: bytes | memoryview) -> bool:
         """Queue a state for writing; drops it rather than ever blocking, and
         after close()."""
         k = len(tokens) // BLOCK
@@ -338,7 +263,7 @@ class DiskStore:
         path = self.dir / f"{name}.kv"
         header = json.dumps({"ns": self.ns, "n_tokens": len(job.tokens), "tokens": job.tokens,
                              "chain": job.chain, "created": time.time()}).encode()
-        if _HEAD.size + _CRC.size + len(header) + len(job.blob) > self.budget or is_foreign(path):
+        if FIXED_SIZE + len(header) + len(job.blob) > self.budget or is_foreign(path):
             return
         atomic_write(path, (state_prefix(header, job.blob), header, job.blob))
         for h in job.chain[:-1]:

@@ -1,6 +1,6 @@
 """Draft-model speculation (`--draft MODEL`): a small model with the target's
 tokenizer guesses each speculating sequence's next tokens, and the target
-checks every sequence's guesses in its one batched decode (engine.py).
+checks every sequence's guesses in its one batched decode (engine/loop.py).
 
 The draft runs in its own llama_context with one KV stream per target slot.
 It remembers which tokens each slot's KV holds, so a step feeds it only
@@ -10,7 +10,7 @@ since. Its guesses are its greedy choices, cut short where it is unsure
 the target will likely reject costs a row of target compute for nothing.
 
 Guesses never change the output: the engine keeps one only where the
-target's own sampler picks the same token (speculate.py), so a draft that
+target's own sampler picks the same token (proposer.py), so a draft that
 is wrong, slow or failing only costs speed."""
 
 from __future__ import annotations
@@ -20,15 +20,17 @@ import logging
 import numpy as np
 
 from llmctl.errors import DecodeError, UsageError
-from llmctl.runtime.engine.scheduler import usable_prefix
 from llmctl.runtime.llama import ContextConfig, LlamaContext, LlamaModel
+from llmctl.runtime.prefix_cache.rule import usable_prefix
+from llmctl.runtime.speculation.config import DRAFT_MIN, P_MIN
+from llmctl.runtime.speculation.proposer import Want
 
 log = logging.getLogger("llmctl.draft")
 
 # Tokens compared between the two vocabularies: every special one and an
 # even spread of the rest. Tokenizers that differ (another merge table or
-# id order) differ nearly everywhere, and this keeps the check to a few ms
-# where comparing all 150k pieces of a Qwen vocabulary takes a second.
+# id order) differ nearly everywhere, and a sample keeps the check short
+# where comparing every piece of a large vocabulary is slow at load.
 _VOCAB_SAMPLE = 4096
 # A sequence with few tokens left is not worth catching the draft up on a
 # long prompt for (a sequence that becomes one of the last two decoding
@@ -61,14 +63,17 @@ def check_compatible(target: LlamaModel, draft: LlamaModel, names: tuple[str, st
 
 
 class Drafter:
-    """Guesses for many sequences at once, one draft decode per guessed
-    position. Raises what LlamaContext raises when its context cannot be
+    """The Proposer of a draft model: guesses for many sequences at once,
+    one draft decode per guessed position; fewer than `draft_min` guesses
+    are none. Raises what LlamaContext raises when its context cannot be
     made; `propose` never raises (a failed draft decode means no guesses)."""
 
-    def __init__(self, model: LlamaModel, cfg: ContextConfig, p_min: float):
+    def __init__(self, model: LlamaModel, cfg: ContextConfig, p_min: float = P_MIN,
+                 draft_min: int = DRAFT_MIN):
         self.ctx = LlamaContext(model, cfg)
         self.n_batch = cfg.n_batch
         self.p_min = p_min
+        self.draft_min = draft_min
         self._have: dict[int, list[int]] = {}   # slot -> tokens in its draft KV
 
     def worth(self, slot: int, tokens: list[int], remaining: int) -> bool:
@@ -79,7 +84,7 @@ class Drafter:
         lacking = len(tokens) - usable_prefix(self._have.get(slot, []), tokens)
         return lacking <= CATCH_UP_PER_TOKEN * remaining
 
-    def propose(self, wants: list[tuple[int, list[int], int]]) -> list[list[int]]:
+    def propose(self, wants: list[Want]) -> list[list[int]]:
         """For each (slot, tokens so far, k): up to k guessed next tokens."""
         guesses: list[list[int]] = [[] for _ in wants]
         try:
@@ -94,9 +99,9 @@ class Drafter:
         for (slot, tokens, _), g in zip(wants, guesses, strict=False):
             # Its last guess was never fed back: the KV ends just before it.
             self._have[slot] = tokens + g[:-1]
-        return guesses
+        return [g if len(g) >= self.draft_min else [] for g in guesses]
 
-    def _catch_up(self, wants, guesses) -> list[int]:
+    def _catch_up(self, wants: list[Want], guesses: list[list[int]]) -> list[int]:
         """Feed each slot what its draft KV lacks (the whole prompt the first
         time), chunked to the batch size; guess once from each last row.
         Returns the items that may guess further."""
@@ -126,7 +131,7 @@ class Drafter:
             todo = left
         return live
 
-    def _extend(self, wants, guesses, live: list[int]) -> list[int]:
+    def _extend(self, wants: list[Want], guesses: list[list[int]], live: list[int]) -> list[int]:
         """One more guess for each live item: feed its latest guess."""
         items = [(wants[i][0], [guesses[i][-1]], len(wants[i][1]) + len(guesses[i]) - 1, 1)
                  for i in live]

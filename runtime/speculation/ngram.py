@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from array import array
 
+from llmctl.runtime.speculation.proposer import Want
+
 # Longest and shortest n-gram matched, longest first (llama.cpp's
 # prompt-lookup decoding uses the same idea with similar sizes).
 NGRAM_MAX = 4
@@ -49,3 +51,20 @@ def ngram_draft(tokens: list[int], k: int) -> list[int]:
                 break
             end = at + len(tail) - 1    # misaligned hit: look further back
     return []
+
+
+class NgramProposer:
+    """The Proposer for prompt lookup: pure Python, nothing to free."""
+
+    @staticmethod
+    def worth(slot: int, tokens: list[int], remaining: int) -> bool:
+        """Always: a lookup costs nothing worth saving."""
+        return True
+
+    @staticmethod
+    def propose(wants: list[Want]) -> list[list[int]]:
+        """ngram_draft for each (slot, tokens, k). Raises nothing."""
+        return [ngram_draft(tokens, k) for _, tokens, k in wants]
+
+    def close(self) -> None:
+        """Nothing to free."""

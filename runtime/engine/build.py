@@ -1,0 +1,79 @@
+"""An engine assembled from its parts, in the order they depend on each
+other: the generation context first (llama.cpp may round its size up), then
+the prefix cache keyed by that context, then the proposer sized like it,
+then the engine that runs them. Each part is built whole from explicit
+values; a part that fails closes the ones made before it."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from pathlib import Path
+
+from llmctl.runtime.config import EngineShape, LoadOptions
+from llmctl.runtime.engine.loop import Engine
+from llmctl.runtime.llama import ContextConfig, LlamaContext, LlamaModel
+from llmctl.runtime.prefix_cache.cache import KvLayout, PrefixCache, Weights, open_prefix_cache
+from llmctl.runtime.prefix_cache.rule import tile_for
+from llmctl.runtime.speculation.draft import Drafter
+from llmctl.runtime.speculation.ngram import NgramProposer
+from llmctl.runtime.speculation.proposer import Proposer
+
+
+def context_config(opts: LoadOptions, shape: EngineShape) -> ContextConfig:
+    """The engine's generation context: one KV stream per slot."""
+    return ContextConfig(n_ctx_seq=shape.n_ctx_seq, n_seq_max=opts.max_num_seqs,
+                         n_batch=opts.max_num_batched_tokens, n_threads=shape.n_threads,
+                         flash_attn=opts.use_flash_attn, kv_type=opts.kv_type)
+
+
+def prefix_cache_for(opts: LoadOptions, ctx: LlamaContext, weights: Weights,
+                     root: Path) -> PrefixCache | None:
+    """The prefix cache `opts` asks for (None when off), its disk store
+    under `root` keyed by `weights` and the context's KV layout. Raises
+    OSError when the weights cannot be read for their fingerprint."""
+    if not opts.prefix_cache:
+        return None
+    flash_attn = opts.use_flash_attn
+    kv = KvLayout(n_ctx_seq=ctx.n_ctx_seq, n_seq_max=opts.max_num_seqs,
+                  kv_type=opts.kv_type, flash_attn=flash_attn)
+    return open_prefix_cache(weights, kv, root=root,
+                             budget_bytes=int(opts.prefix_cache_size_gb * 1e9),
+                             tile=tile_for(flash_attn))
+
+
+def proposer_for(opts: LoadOptions, ctx: LlamaContext, shape: EngineShape,
+                 draft_model: LlamaModel | None) -> Proposer | None:
+    """The proposer of `opts`' speculation mode (None when off). A draft
+    model's context mirrors the target's slots and sizes. Raises what
+    LlamaContext raises for the draft's context."""
+    spec = opts.spec_config
+    if spec.mode == "ngram":
+        return NgramProposer()
+    if spec.mode != "draft" or draft_model is None:
+        return None
+    cfg = ContextConfig(n_ctx_seq=ctx.n_ctx_seq, n_seq_max=opts.max_num_seqs,
+                        n_batch=opts.max_num_batched_tokens, n_threads=shape.n_threads,
+                        flash_attn=opts.use_flash_attn)
+    return Drafter(draft_model, cfg, spec.p_min, spec.draft_min)
+
+
+def start_engine(model: LlamaModel, opts: LoadOptions, shape: EngineShape, *,
+                 weights: Weights, cache_root: Path,
+                 draft_model: LlamaModel | None = None) -> Engine:
+    """A running engine for `model`, with the prefix cache and the proposer
+    `opts` ask for; the engine owns them and its context from here on.
+    `weights` and `cache_root` key and place the disk prefix store. Raises
+    what making a context raises, OSError from the prefix cache, and
+    UsageError for a bad environment variable; nothing is left open then."""
+    with ExitStack() as undo:
+        ctx = LlamaContext(model, context_config(opts, shape))
+        undo.callback(ctx.close)
+        cache = prefix_cache_for(opts, ctx, weights, cache_root)
+        if cache is not None:
+            undo.callback(cache.close)
+        proposer = proposer_for(opts, ctx, shape, draft_model)
+        if proposer is not None:
+            undo.callback(proposer.close)
+        engine = Engine(model, ctx, opts, prefix_cache=cache, proposer=proposer)
+        undo.pop_all()
+    return engine

@@ -1,0 +1,50 @@
+"""The one interface speculation is made of: a proposer guesses each
+speculating sequence's next tokens, and the engine checks the guesses with
+`check_guesses` in its one batched decode. The scheduler only budgets how
+many guesses each sequence may have (`Work.room`).
+
+Guesses never change the output: a guess is kept only where the target's
+own sampler picks the same token (the greedy-draft rule), so a proposer
+that is wrong, slow or failing only costs speed."""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol, TypeVar
+
+# (slot, the sequence's tokens so far, most guesses wanted)
+Want = tuple[int, list[int], int]
+
+T = TypeVar("T")
+
+
+class Proposer(Protocol):
+    """Guesses next tokens for many sequences at once."""
+
+    def worth(self, slot: int, tokens: list[int], remaining: int) -> bool:
+        """Whether guessing for this sequence, with `remaining` tokens left
+        to generate, can pay at all."""
+        ...
+
+    def propose(self, wants: list[Want]) -> list[list[int]]:
+        """For each want, up to its most guesses ([]: none this step).
+        Never raises: a failed guess is no guess."""
+        ...
+
+    def close(self) -> None:
+        """Free what the proposer holds."""
+        ...
+
+
+def check_guesses(guesses: list[int], sample: Callable[[int], tuple[int, T]]) -> list[tuple[int, T]]:
+    """Verify a speculating step: sample each guessed position in order
+    (`sample(i)` samples, with the sequence's own sampler, the logits after
+    the step's i-th token: its last accepted token, then each guess) and go
+    on while the samples equal the guesses. Returns what was sampled: the accepted guesses, then the token
+    plain decoding gives where the first guess failed (or after the last).
+    Raises what `sample` raises."""
+    sampled = []
+    for i in range(len(guesses) + 1):
+        sampled.append(sample(i))
+        if i == len(guesses) or sampled[-1][0] != guesses[i]:
+            break
+    return sampled
