@@ -17,123 +17,31 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
 from typing import Any
 
 from llmctl.errors import InvalidParams
 from llmctl.runtime.formats import grammar_limits as gl
 from llmctl.runtime.formats import grammar_schema as gs
 from llmctl.runtime.formats.grammar_limits import bad as _bad
+from llmctl.runtime.formats.grammar_rules import Rules, json_text, literal, repeat
 
-# Whitespace is at most one space: a model left free to emit newlines and
-# indentation can run away in them until max_tokens.
-_PRIMITIVES = {
-    "space": '" "?',
-    "char": r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})',
-    "string": r'"\"" char* "\"" space',
-    "integer": '"-"? ("0" | [1-9] [0-9]{0,15}) space',
-    "number": '"-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})? space',
-    "boolean": '("true" | "false") space',
-    "null": '"null" space',
-    "value": "object | array | string | number | boolean | null",
-    "object": '"{" space (string ":" space value ("," space string ":" space value)*)? "}" space',
-    "array": '"[" space (value ("," space value)*)? "]" space',
-    "date": '[0-9]{4} "-" ("0" [1-9] | "1" [0-2]) "-" ("0" [1-9] | [12] [0-9] | "3" [01])',
-    "time": '([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,6})? '
-            '("Z" | [+-] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9])',
-    "uuid": '[0-9a-fA-F]{8} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} '
-            '"-" [0-9a-fA-F]{12}',
-}
-_DEPS = {"string": ["char"], "value": ["object", "array", "string", "number", "boolean", "null"],
-         "object": ["string", "value"], "array": ["value"]}
-# The characters each primitive's text begins with ("value" is unambiguous:
-# its alternatives begin differently).
-_FIRST = {"string": '"', "integer": gl.DIGITS, "number": gl.DIGITS, "boolean": "tf", "null": "n",
-          "value": gl.JSON_FIRST, "object": "{", "array": "[", "space": " "}
 _FORMATS = {"date": "date", "time": "time", "date-time": 'date "T" time', "uuid": "uuid"}
-# Location segments left out of rule names, and shorter spellings: a rule's
-# name only has to be unique and readable in a dump of the grammar.
-_SILENT = {"properties", "anyOf", "oneOf", "$defs", "definitions", "prefixItems", "type"}
-_SHORT = {"items": "item", "additionalProperties": "extra"}
-# Quoted literals, character classes and repetition counts, skipped when finding the rule names
-# a body uses.
-_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|\{[0-9,]*\}|([a-zA-Z0-9-]+)')
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=True, separators=(",", ": "))
-
-
-def _literal(value: Any) -> str:
-    """A GBNF literal matching `value` written as compact JSON."""
-    return '"' + _json(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _repeat(item: str, lo: int, hi: int | None) -> str:
-    """`item` lo..hi times, comma-separated; '' when hi is 0."""
-    if hi == 0:
-        return ""
-    if lo == 0:
-        return f"({_repeat(item, 1, hi)})?"
-    rest = "" if hi == 1 else f' ("," space {item}){{{lo - 1},{"" if hi is None else hi - 1}}}'
-    return item + rest
-
-
-class _Converter:
-    """One conversion: its rules, the shape of each for grammar_limits'
-    checks, and the work budget. `prefix` starts every rule name."""
+class _Converter(Rules):
+    """One conversion of a schema to rules: the schema whose $defs refs
+    point into, the rules made for each ref and each enum seen."""
 
     def __init__(self, root: dict, prefix: str = ""):
+        super().__init__(prefix)
         self.root = root
-        self.prefix = prefix
-        self.rules: dict[str, str] = {"space": _PRIMITIVES["space"]}
-        self.shapes: dict[str, gl.Shape] = {"space": gl.Shape(first=frozenset(" "))}
         self.refs: dict[str, str] = {}
-        self.budget = gl.Budget()
         self.literals: dict[int, tuple[Any, str]] = {}  # id(enum list or const) -> it, its rule
-        self.taken: dict[str, int] = {}                 # next free suffix per rule name
-
-    def grammar(self) -> str:
-        return "\n".join(f"{name} ::= {body}" for name, body in self.rules.items())
-
-    def name(self, at: str, suffix: str = "") -> str:
-        """A rule name for the schema at location `at`."""
-        segs = [_SHORT.get(s, s) for s in at.split("/") if s and s not in _SILENT]
-        return "-".join(filter(None, [self.prefix, *segs, suffix])) or "root"
-
-    def add(self, name: str, body: str, shape: gl.Shape | None = None) -> str:
-        """Add a rule under a free name like `name`; return that name.
-        "root" is kept for the start rule, which callers set themselves."""
-        self.budget.rule(body)
-        base = re.sub(r"[^a-zA-Z0-9-]+", "-", name).strip("-") or "r"
-        i = self.taken.get(base, 0)
-        key = base if i == 0 else f"{base}-{i}"
-        while key in self.rules or key in _PRIMITIVES or key == "root":
-            i += 1
-            key = f"{base}-{i}"
-        self.taken[base] = i + 1
-        self.rules[key] = body
-        self.shapes[key] = replace(shape or gl.Shape(), parts=self.uses(body))
-        return key
-
-    def uses(self, body: str) -> tuple[str, ...]:
-        names = (m.group(1) for m in _TOKENS.finditer(body))
-        return tuple(dict.fromkeys(n for n in names if n and n in self.rules))
-
-    def primitive(self, name: str) -> str:
-        if name not in self.rules:
-            self.rules[name] = _PRIMITIVES[name]
-            for dep in _DEPS.get(name, []):
-                self.primitive(dep)
-            # After the dependencies, so that `uses` finds them all.
-            self.shapes[name] = gl.Shape(first=frozenset(_FIRST.get(name, "")),
-                                      parts=self.uses(_PRIMITIVES[name]))
-        return name
 
     def deref(self, ref: Any) -> dict | bool:
         m = re.fullmatch(r"#/(\$defs|definitions)/([^/]+)", ref) if isinstance(ref, str) else None
         defs = self.root.get(m.group(1)) if m else None
-        target = defs.get(m.group(2)) if isinstance(defs, dict) else None
+        target = defs.get(m.group(2)) if m and isinstance(defs, dict) else None
         if not isinstance(target, (dict, bool)):
             raise _bad(f"$ref {str(ref)[:200]!r} must point into #/$defs or #/definitions")
         return target
@@ -197,7 +105,7 @@ class _Converter:
         if hit is not None:
             return hit[1]
         self.budget.enum(len(values), where)
-        texts = list(dict.fromkeys(_json(v) for v in values))
+        texts = list(dict.fromkeys(json_text(v) for v in values))
         lits = ['"' + t.replace("\\", "\\\\").replace('"', '\\"') + '"' for t in texts]
         body = f"({' | '.join(lits)}) space" if len(lits) > 1 else f"{lits[0]} space"
         shape = gl.Shape(first=frozenset(t[0] for t in texts), lead=gl.text_lead(texts), live=len(lits))
@@ -261,10 +169,10 @@ class _Converter:
                            "additionalProperties")
             values[key] = self.visit(sub, f"{at}/properties/{gs.segment(key)}", depth + 1)
             kv[key] = self.add(self.name(at, f"{key}-kv"),
-                               f'{_literal(key)} space ":" space {values[key]}')
+                               f'{literal(key)} space ":" space {values[key]}')
         req = [kv[k] for k in kv if k in needed]
         opt = [kv[k] for k in kv if k not in needed]
-        groups = ()
+        groups: tuple = ()
         if extra is not False:
             value = self.visit(extra, f"{at}/additionalProperties", depth + 1)
             one = self.add(self.name(at, "extra-kv"), f'{self.primitive("string")} ":" space {value}')
@@ -274,16 +182,16 @@ class _Converter:
             groups = tuple((f"additionalProperties at {where}",
                             ((f"property {k[:60]!r}", v), ("additionalProperties", value)))
                            for k, v in values.items() if k not in needed)
-        lead = (frozenset("{"),)
+        lead: tuple = (frozenset("{"),)
         if req:     # what tells this object from others: its first key (and value)
             first_key = next(k for k in kv if k in needed)
-            lead += (gl.SP, *gl.text_lead([_json(first_key)]), gl.SP, frozenset(":"), gl.SP,
+            lead += (gl.SP, *gl.text_lead([json_text(first_key)]), gl.SP, frozenset(":"), gl.SP,
                      *self.shapes[values[first_key]].lead)
         return self.add(self.name(at), self.object_body(at, req, opt),
                         gl.Shape(first=frozenset("{"), groups=groups, lead=lead[:gl.MAX_LEAD]))
 
     def object_body(self, at: str, req: list[str], opt: list[str]) -> str:
-        body = ' "," space '.join(req) or None
+        body = ' "," space '.join(req)
         if opt:
             # tails[i]: the optional properties from i on, each with its comma.
             tails = [""] * (len(opt) + 1)
@@ -322,7 +230,7 @@ class _Converter:
         if more_hi != 0:
             item = self.visit(True if items is None else items, f"{at}/items", depth + 1)
             more = (f'("," space {item}){{{more_lo},{"" if more_hi is None else more_hi}}}'
-                    if parts else _repeat(item, more_lo, more_hi))
+                    if parts else repeat(item, more_lo, more_hi))
         items_rule = ' "," space '.join(parts)
         lead = (frozenset("["),)
         head = parts[0] if parts else item if more_lo else None
@@ -403,8 +311,8 @@ def tool_call_grammar(tools: list[dict], style: str = "hermes", *, parallel: boo
             gl.check_rules(conv.shapes, args)
             conv.prefix = ""
             calls.append(conv.add(f"tool{i}", " ".join([
-                '"{" space', _literal("name"), 'space ":" space', _literal(name),
-                'space "," space', _literal("arguments"), 'space ":" space', args, '"}" space'])))
+                '"{" space', literal("name"), 'space ":" space', literal(name),
+                'space "," space', literal("arguments"), 'space ":" space', args, '"}" space'])))
         except InvalidParams as e:
             raise InvalidParams(f"tools[{i}] ({name[:100]}) parameters: "
                                 + e.message.removeprefix("response_format: "), param="tools") from None

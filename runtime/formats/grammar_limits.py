@@ -244,7 +244,8 @@ def _classes(members, leads) -> list[list]:
     text they share, llama.cpp keeps a parse for each of them. A member
     whose lead ends, or an optional space beside a character, ends the
     telling apart (conservatively: the whole group is one class)."""
-    out, seen = [], set()
+    out: list[list] = []
+    seen: set[tuple[tuple[int, ...], int]] = set()
     todo = [(list(members), 0)]
     while todo and len(seen) < 4_000:
         group, pos = todo.pop()

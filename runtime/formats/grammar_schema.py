@@ -7,7 +7,7 @@ and a $ref that returns to itself refused instead of followed forever
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Any, Callable, overload
 
 from llmctl.runtime.formats.grammar_limits import MAX_DEPTH, MAX_SCHEMA_CHARS, Budget, bad
 
@@ -26,6 +26,12 @@ _STRING_KEYS = {"minLength", "maxLength", "format"}
 def segment(key: str) -> str:
     """A property name as one segment of a location (JSON Pointer escapes)."""
     return key.replace("~", "~0").replace("/", "~1")
+
+
+@overload
+def count(schema: dict, key: str, default: int) -> int: ...
+@overload
+def count(schema: dict, key: str, default: None) -> int | None: ...
 
 
 def count(schema: dict, key: str, default: int | None) -> int | None:

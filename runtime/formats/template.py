@@ -14,6 +14,7 @@ import json
 import re
 from datetime import datetime
 from functools import cached_property, lru_cache
+from typing import Any
 
 from jinja2 import TemplateError as JinjaTemplateError
 from jinja2.exceptions import SecurityError
@@ -160,7 +161,7 @@ def _message(i: int, message) -> dict:
         raise InvalidParams(f"messages[{i}].content is required for a {role!r} message "
                             "(only an assistant message with tool_calls may omit it)",
                             param="messages")
-    out = {"role": role, "content": _content(i, content)}
+    out: dict[str, Any] = {"role": role, "content": _content(i, content)}
     if calls:
         out["tool_calls"] = calls
     if role == "tool":

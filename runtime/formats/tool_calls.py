@@ -24,6 +24,7 @@ import re
 from typing import Callable
 
 from llmctl.runtime.formats.reasoning import ThinkSplitter, partial_marker_len
+from llmctl.runtime.formats.stream_scan import Brackets, Trimmed
 from llmctl.runtime.formats.tool_shapes import (
     ContentDelta,
     Delta,
@@ -54,27 +55,6 @@ def parse_tool_calls(text: str, fmt: ToolFormat, tool_names: set[str] | None = N
     return collect(stream.feed(text) + stream.finish())
 
 
-class _Trimmed:
-    """One output channel: drops leading whitespace and holds trailing
-    whitespace until more text follows, so the streamed text equals the
-    whole text stripped."""
-
-    def __init__(self) -> None:
-        self._started = False
-        self._held = ""
-
-    def push(self, text: str) -> str:
-        if not self._started:
-            text = text.lstrip()
-            self._started = bool(text)
-        body = text.rstrip()
-        if not body:
-            self._held += text
-            return ""
-        out, self._held = self._held + body, text[len(body):]
-        return out
-
-
 _MARKERS = {ToolFormat.HERMES: "<tool_call>", ToolFormat.LLAMA3: "<|python_tag|>",
             ToolFormat.MISTRAL: "[TOOL_CALLS]"}
 # Output that opens with bare JSON: Llama 3 and generic calls are plain JSON,
@@ -92,46 +72,6 @@ _FENCE_OPEN = re.compile(r"```[ \t]*(?:json|xml|tool_call)?[ \t]*\r?\n", re.IGNO
 _FENCE_OPEN_SO_FAR = re.compile(
     r"`{0,3}|```[ \t]*(?:%s)|```[ \t]*(?:json|xml|tool_call)?[ \t]*\r?"
     % "|".join(lang[:n] for lang in _FENCE_LANGS for n in range(1, len(lang))), re.IGNORECASE)
-
-
-class _Brackets:
-    """Finds where a JSON object or array starting at `start` ends, resuming
-    where the previous call stopped, so a long call streamed in small chunks
-    is scanned once."""
-
-    _OUTSIDE = re.compile(r'[{}\[\]"]')
-    _INSIDE = re.compile(r'[\\"]')
-
-    def __init__(self, start: int) -> None:
-        self.start = self._pos = start
-        self._depth = 0
-        self._in_string = False
-        self._end: int | None = None
-
-    def end(self, s: str) -> int | None:
-        """Index just past the value, or None while it is unfinished."""
-        while self._end is None:
-            m = (self._INSIDE if self._in_string else self._OUTSIDE).search(s, self._pos)
-            if m is None:
-                self._pos = len(s)
-                return None
-            c = m.group()
-            if c == "\\":
-                if m.end() == len(s):  # the escaped character is still to come
-                    self._pos = m.start()
-                    return None
-                self._pos = m.end() + 1
-                continue
-            self._pos = m.end()
-            if c == '"':
-                self._in_string = not self._in_string
-            elif c in "{[":
-                self._depth += 1
-            else:
-                self._depth -= 1
-                if self._depth == 0:
-                    self._end = self._pos
-        return self._end
 
 
 class ToolCallStream:
@@ -158,12 +98,12 @@ class ToolCallStream:
         self._reasoning = reasoning
         self._new_id = new_id or call_id_factory()
         self._think = ThinkSplitter(started_in_thought)
-        self._content, self._thought = _Trimmed(), _Trimmed()
+        self._content, self._thought = Trimmed(), Trimmed()
         self._out: list[Delta] = []
         self._buf = ""
         self._mode = "start"
         self._raw = ""  # the marker that opened the current section
-        self._scan: _Brackets | None = None
+        self._scan: Brackets | None = None
         self._head: str | None = None  # the name in Mistral's name[ARGS]{…} form
         self._fenced = False  # the current <tool_call> block is inside a code fence
         self._index = 0
@@ -195,8 +135,10 @@ class ToolCallStream:
     def _emit(self, kind: type, text: str) -> None:
         if not text:
             return
-        if self._out and type(self._out[-1]) is kind:
-            text = self._out.pop().text + text
+        last = self._out[-1] if self._out else None
+        if isinstance(last, (ContentDelta, ReasoningDelta)) and type(last) is kind:
+            self._out.pop()
+            text = last.text + text
         self._out.append(kind(text))
 
     def _say(self, text: str) -> None:
@@ -230,7 +172,7 @@ class ToolCallStream:
     def _in_content(self, final: bool) -> bool:
         marker = _MARKERS.get(self._fmt)
         at = self._buf.find(marker) if marker else -1
-        if at >= 0:
+        if marker and at >= 0:
             self._say(self._buf[:at])
             self._buf = self._buf[at + len(marker):]
             # Llama's <|python_tag|> is a control token clients never see.
@@ -242,12 +184,13 @@ class ToolCallStream:
         self._buf = self._buf[len(self._buf) - keep:]
         return False
 
-    def _json_at(self, final: bool, start: int) -> tuple[int | None, bool]:
-        """(end of the JSON value at `start`, whether to keep waiting)."""
+    def _json_at(self, final: bool, start: int = 0) -> tuple[int, int | None, bool]:
+        """(where the JSON value begins, its end, whether to keep waiting):
+        the value under scan, or else the one at `start`."""
         if self._scan is None:
-            self._scan = _Brackets(start)
+            self._scan = Brackets(start)
         end = self._scan.end(self._buf)
-        return end, end is None and not final
+        return self._scan.start, end, end is None and not final
 
     def _in_hermes(self, final: bool) -> bool:
         head = self._buf.lstrip()
@@ -255,7 +198,7 @@ class ToolCallStream:
             return self._fail() if final else False
         if head[0] != "{":
             return self._fail()
-        end, wait = self._json_at(final, len(self._buf) - len(head))
+        start, end, wait = self._json_at(final, len(self._buf) - len(head))
         if wait:
             return False
         if end is None:
@@ -266,7 +209,7 @@ class ToolCallStream:
             return False
         if close is None and rest:
             return self._fail()
-        return self._accept(self._scan.start, end, close.end() if close else len(self._buf),
+        return self._accept(start, end, close.end() if close else len(self._buf),
                             "fence_close" if self._fenced else "content")
 
     def _in_fence(self, final: bool) -> bool:
@@ -287,7 +230,7 @@ class ToolCallStream:
             return self._open_section("hermes", raw, fenced=True)
         if body[:1] in ("{", "["):
             self._open_section("fenced_json", "")
-            self._scan = _Brackets(at)
+            self._scan = Brackets(at)
             return True
         if not final and "<tool_call>".startswith(body):
             return False
@@ -297,7 +240,7 @@ class ToolCallStream:
         # Nothing but whitespace may sit between the JSON and the closing
         # fence, as between a <tool_call>'s JSON and its </tool_call>; what
         # follows the fence is content (llama.cpp reads it so too).
-        end, wait = self._json_at(final, self._scan.start)
+        start, end, wait = self._json_at(final)
         if wait:
             return False
         if end is None:
@@ -311,7 +254,7 @@ class ToolCallStream:
             return self._fail()
         else:  # the output ended inside the fence: the call stands, as an unclosed <tool_call>
             stop = len(self._buf)
-        return self._accept(self._scan.start, end, stop, "fence")
+        return self._accept(start, end, stop, "fence")
 
     def _in_fence_close(self, final: bool) -> bool:
         """After a <tool_call> block inside a fence: another block, the
@@ -334,7 +277,7 @@ class ToolCallStream:
             self._buf = self._buf.lstrip(_SEPARATORS)
             if not self._buf or self._buf[0] != "{":
                 return self._open_section("content", "") if self._buf else False
-        end, wait = self._json_at(final, 0)
+        _, end, wait = self._json_at(final, 0)
         if wait:
             return False
         if end is None:
@@ -345,10 +288,10 @@ class ToolCallStream:
         head = self._buf.lstrip()
         if not head:
             return self._fail() if final else False
-        end, wait = self._json_at(final, len(self._buf) - len(head))
+        start, end, wait = self._json_at(final, len(self._buf) - len(head))
         if wait:
             return False
-        return self._fail() if end is None else self._accept(self._scan.start, end, end, "content")
+        return self._fail() if end is None else self._accept(start, end, end, "content")
 
     def _in_mistral(self, final: bool) -> bool:
         head = self._buf.lstrip()
@@ -364,7 +307,7 @@ class ToolCallStream:
             return False
         if self._buf[start:start + 1] != "{":
             return self._fail()
-        end, wait = self._json_at(final, start)
+        _, end, wait = self._json_at(final, start)
         if wait:
             return False
         self._head = m.group(1)
@@ -394,8 +337,8 @@ class ToolCallStream:
         if isinstance(value, dict) and isinstance(value.get("tool_calls"), list):
             value = value["tool_calls"]
         items = value if isinstance(value, list) else [value]
-        calls = [self._call(item) for item in items]
-        return calls if calls and None not in calls else None
+        calls = [call for call in map(self._call, items) if call is not None]
+        return calls if calls and len(calls) == len(items) else None
 
     def _call(self, item) -> tuple[str, str] | None:
         if isinstance(item, dict) and "name" not in item and isinstance(item.get("function"), dict):

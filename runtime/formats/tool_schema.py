@@ -66,7 +66,10 @@ class ToolChoice:
         """The names a parsed call may use under this choice."""
         if self.mode == "none":
             return set()
-        return {self.name} if self.mode == "function" else set(tool_names)
+        if self.mode == "function":
+            # A choice of one function always names it (validate_tool_choice).
+            return {self.name} if self.name is not None else set()
+        return set(tool_names)
 
 
 def validate_tool_choice(tool_choice, tools: list[dict]) -> ToolChoice:

@@ -13,7 +13,7 @@ import re
 import secrets
 import string
 from dataclasses import dataclass, field
-from typing import Callable, Union
+from typing import Callable, Union, cast
 
 
 class ToolFormat(str, enum.Enum):
@@ -101,18 +101,23 @@ Delta = Union[ContentDelta, ReasoningDelta, ToolCallDelta]
 
 def collect(deltas: list[Delta]) -> ParsedMessage:
     """Folds streamed deltas into the message they spell. Raises nothing."""
-    content, reasoning, calls = [], [], {}
+    content: list[str] = []
+    reasoning: list[str] = []
+    heads: dict[int, tuple[str, str]] = {}      # index -> id, name
+    arguments: dict[int, str] = {}
     for d in deltas:
         if isinstance(d, ContentDelta):
             content.append(d.text)
         elif isinstance(d, ReasoningDelta):
             reasoning.append(d.text)
         elif d.id is not None:
-            calls[d.index] = [d.id, d.name, d.arguments]
+            # A call's first delta carries its name (see ToolCallDelta).
+            heads[d.index] = (d.id, cast(str, d.name))
+            arguments[d.index] = d.arguments
         else:
-            calls[d.index][2] += d.arguments
+            arguments[d.index] += d.arguments
     return ParsedMessage("".join(content) or None,
-                         [ToolCall(*calls[i]) for i in sorted(calls)],
+                         [ToolCall(*heads[i], arguments[i]) for i in sorted(heads)],
                          "".join(reasoning) or None)
 
 
