@@ -17,7 +17,7 @@ import logging
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, ParamSpec
 
 from llmctl import config
 from llmctl.errors import ContextOverflow, DecodeError, EngineFailed, InvalidParams, LlmctlError
@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from llmctl.runtime.prefix_cache.cache import PrefixCache
 
 log = logging.getLogger("llmctl.engine")
+
+P = ParamSpec("P")
 
 
 class _Stream:
@@ -199,10 +201,10 @@ class Engine:
         if plan:
             self._decode(plan)
 
-    def _guard(self, seq: Sequence, fn: Callable[..., None], *args: object) -> None:
+    def _guard(self, seq: Sequence, fn: Callable[P, None], *args: P.args, **kwargs: P.kwargs) -> None:
         """Run one sequence's share of a step; its error fails it alone."""
         try:
-            fn(*args)
+            fn(*args, **kwargs)
         except Exception as e:
             log.warning("request %d failed: %s: %s", seq.id, type(e).__name__, e)
             self._fail(seq, e)

@@ -106,7 +106,7 @@ class DiskStore:
     """One model and setting's states under `root`, within a byte budget
     shared by every namespace there."""
 
-    def __init__(self, root: Path, identity: dict, budget_bytes: int, max_pending: int = 4):
+    def __init__(self, root: Path, identity: dict[str, object], budget_bytes: int, max_pending: int = 4):
         self.root = root
         self.identity = identity
         self.ns = namespace(identity)

@@ -28,7 +28,7 @@ _MAX_HEADER = 64 << 20
 FIXED_SIZE = _HEAD.size + _CRC.size     # bytes before the JSON header
 
 
-def namespace(identity: dict) -> str:
+def namespace(identity: dict[str, object]) -> str:
     """The folder name of a model and setting's states: 24 hex digits of
     the sha256 of `identity` as JSON with sorted keys."""
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
