@@ -18,7 +18,6 @@ from filelock import FileLock
 from llmctl.errors import HubError
 from llmctl.files import require_space, safe_relpath
 from llmctl.hub import remote
-from llmctl.hub.cache import RepoCache, check_commit, check_etag
 from llmctl.hub.choose import RemoteFile, Selection, select_files
 from llmctl.hub.events import PullEvents, Silent
 from llmctl.hub.parts import Parts
@@ -26,6 +25,7 @@ from llmctl.hub.ranged import RangeDownload
 from llmctl.hub.reference import Reference, parse_reference
 from llmctl.hub.verify import verify
 from llmctl.store.gguf_info import is_later_shard
+from llmctl.store.hf_cache import RepoCache, check_commit, check_etag
 from llmctl.store.index import StoreIndex
 
 DEFAULT_CONNECTIONS = 16

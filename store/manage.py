@@ -75,8 +75,8 @@ def remove_model(model: str, index: StoreIndex | None = None) -> ModelEntry:
 
 
 def _remove_pulled(entry: ModelEntry) -> None:
-    # At call time: the hub package imports the store, not the other way round.
-    from llmctl.hub.cache import RepoCache
+    # At call time: `llmctl list` and `show` need not import huggingface_hub.
+    from llmctl.store.hf_cache import RepoCache
 
     folder = Path(entry.extra["hf_cache"])
     cache = RepoCache(entry.extra["repo"], root=folder.parent)

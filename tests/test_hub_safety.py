@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).parent))
 from fakehub import FakeHub, one_line_error, repo_dir, use_hub  # noqa: E402
 from llmctl.cli.app import app  # noqa: E402
-from llmctl.hub.cache import RepoCache  # noqa: E402
+from llmctl.store.hf_cache import RepoCache  # noqa: E402
 from llmctl.store.index import StoreIndex  # noqa: E402
 
 GGUF_REPO = "test/Tiny-GGUF"

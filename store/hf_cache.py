@@ -1,5 +1,7 @@
 """The standard Hugging Face cache layout (blobs/, snapshots/, refs/), so
-huggingface_hub and every tool built on it find what llmctl pulled.
+huggingface_hub and every tool built on it find what llmctl pulled. It is
+part of the store: the hub writes pulls into it, and the store removes them
+(`llmctl rm`).
 
 Names in this layout come from outside (a Hub listing, a ref typed by the
 user, a link in the cache), so each is checked before it becomes a path, the
