@@ -67,7 +67,7 @@ def load_arms(args) -> dict[str, LLM]:
     return engines
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--draft", default=None, help="Also measure this draft model.")
@@ -79,10 +79,12 @@ def main() -> int:
     ap.add_argument("--spec-rows", type=int, default=None,
                     help="Guessed rows per step across sequences (default: the scheduler's).")
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
-    levels = [int(x) for x in args.levels.split(",")]
-    kinds = args.prompts.split(",")
-    engines = load_arms(args)
+    return ap.parse_args()
+
+
+def measure(engines: dict[str, LLM], kinds: list[str], levels: list[int], args) -> tuple[dict, bool]:
+    """Tokens/s of every pass by (prompt, concurrency, engine), and whether
+    every engine's answers equalled plain decoding's."""
     speed: dict = {}
     identical = True
     for _ in range(args.rounds):
@@ -93,9 +95,13 @@ def main() -> int:
                     tps, texts[name] = one_pass(llm, kind, c, args.tokens)
                     speed.setdefault((kind, c, name), []).append(tps)
                 identical &= all(t == texts["plain"] for t in texts.values())
-    stats = {name: llm.stats() for name, llm in engines.items() if name != "plain"}
-    for llm in engines.values():
-        llm.close()
+    return speed, identical
+
+
+def median_rows(speed: dict, kinds: list[str], levels: list[int], engines: dict,
+                stats: dict) -> list[dict]:
+    """One row per (prompt, concurrency): each engine's median tokens/s and
+    each speculating engine's ratio to plain decoding."""
     rows = []
     for kind in kinds:
         for c in levels:
@@ -105,13 +111,10 @@ def main() -> int:
             for name in stats:
                 row[f"{name}_ratio"] = row[f"{name}_tok_s"] / row["plain_tok_s"]
             rows.append(row)
-    result = {"model": args.model, "draft": args.draft, "rounds": args.rounds,
-              "tokens": args.tokens, "rows": rows, "all_answers_identical": identical,
-              "acceptance": {n: {"rate": st.spec_acceptance, "mean_accepted": st.spec_mean_accepted}
-                             for n, st in stats.items()}}
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return 0
+    return rows
+
+
+def print_table(args, rows: list[dict], engines: dict, stats: dict, identical: bool) -> None:
     print(f"{args.model}, {args.tokens} tokens, greedy, medians of {args.rounds} rounds")
     print(f"{'prompt':6} {'c':>3}" + "".join(f" {n + ' tok/s':>12}" for n in engines)
           + "".join(f" {n + ' x':>9}" for n in stats))
@@ -123,6 +126,27 @@ def main() -> int:
         print(f"{n}: acceptance {st.spec_acceptance:.1%}, {st.spec_mean_accepted:.2f} guesses kept "
               "per step")
     print(f"answers identical to plain decoding: {identical}")
+
+
+def main() -> int:
+    args = parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    kinds = args.prompts.split(",")
+    engines = load_arms(args)
+    speed, identical = measure(engines, kinds, levels, args)
+    stats = {name: llm.stats() for name, llm in engines.items() if name != "plain"}
+    for llm in engines.values():
+        llm.close()
+    rows = median_rows(speed, kinds, levels, engines, stats)
+    if args.json:
+        result = {"model": args.model, "draft": args.draft, "rounds": args.rounds,
+                  "tokens": args.tokens, "rows": rows, "all_answers_identical": identical,
+                  "acceptance": {n: {"rate": st.spec_acceptance,
+                                     "mean_accepted": st.spec_mean_accepted}
+                                 for n, st in stats.items()}}
+        print(json.dumps(result, indent=2))
+        return 0
+    print_table(args, rows, engines, stats, identical)
     return 0
 
 
