@@ -71,13 +71,13 @@ class Replica:
             await asyncio.sleep(REPORT_EVERY_S)
 
     def _health(self) -> str:
-        return "ok" if self.llm.engine.alive else f"error: {self.llm.engine.failure}"
+        return "ok" if self.llm.alive else f"error: {self.llm.failure}"
 
     def check_health(self) -> None:
         """Ray Serve's periodic probe: a dead engine makes Ray replace this
         replica. Raises RuntimeError then."""
-        if not self.llm.engine.alive:
-            raise RuntimeError(f"engine stopped: {self.llm.engine.failure}")
+        if not self.llm.alive:
+            raise RuntimeError(f"engine stopped: {self.llm.failure}")
 
     async def handle(self, method: str, path: str, query: bytes, headers: list,
                      body: bytes, affinity: str | None = None,

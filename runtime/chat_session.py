@@ -16,11 +16,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class TurnStats:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    ttft_s: float = 0.0
-    tokens_per_s: float = 0.0
+    """One turn's figures, as the engine reported them at its finish."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    ttft_s: float
+    tokens_per_s: float
 
     @classmethod
     def from_finish(cls, event: FinishEvent) -> TurnStats:

@@ -10,8 +10,8 @@ so a small request waits for one batch of a large one, not for all of it.
 
 A request stops between batches once its CancelFlag is set (the server sets
 it when the client hangs up), and one request embeds at most
-LLMCTL_EMBED_MAX_TOKENS tokens (65,536 unless set): 64 inputs of 1,280
-tokens kept a core busy for 25 minutes."""
+LLMCTL_EMBED_MAX_TOKENS tokens (65,536 unless set): without a bound, one
+request of many long inputs keeps a core busy for many minutes."""
 
 from __future__ import annotations
 
@@ -207,7 +207,7 @@ def embed_texts(llm: LLM, texts: list[str], *, truncate: bool = True,
     # A text of more characters than this has more tokens than fit; cutting
     # it first spares tokenizing megabytes only to drop them.
     cap = emb.n_tokens * MAX_CHARS_PER_TOKEN
-    seqs = [llm.model.tokenize(t[:cap], add_special=True, parse_special=False) for t in texts]
+    seqs = [llm.tokenize(t[:cap], add_special=True, parse_special=False) for t in texts]
     return _embed(emb, seqs, truncate, dimensions, cancel)
 
 
@@ -218,7 +218,7 @@ def embed_tokens(llm: LLM, seqs: list[list[int]], *, truncate: bool = True,
     raises, and InvalidParams (param "input") for an empty token list or an
     id outside the vocabulary."""
     _check_list(seqs)
-    n_vocab = llm.model.n_vocab
+    n_vocab = llm.n_vocab
     for seq in seqs:
         if not seq:
             raise InvalidParams("'input' holds an empty token array", param="input")

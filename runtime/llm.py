@@ -20,7 +20,9 @@ from llmctl.runtime.engine.logprobs import TokenLogprob
 from llmctl.runtime.engine.loop import Engine
 from llmctl.runtime.engine.sequence import Sequence
 from llmctl.runtime.engine.stats import Stats
+from llmctl.runtime.formats.reasoning import THINK_OPEN, opens_thought
 from llmctl.runtime.formats.template import ChatTemplate, normalize_messages
+from llmctl.runtime.formats.tool_calls import ToolFormat
 from llmctl.runtime.llama import LlamaModel, supports_gpu_offload
 from llmctl.runtime.prefix_cache.cache import PrefixCache, Weights
 from llmctl.runtime.sampling import SamplingParams
@@ -149,6 +151,52 @@ class LLM:
     @property
     def n_ctx(self) -> int:
         return self.engine.n_ctx_seq
+
+    # ---- what callers may ask of the model --------------------------------------
+
+    @property
+    def n_vocab(self) -> int:
+        """Token ids run from 0 to n_vocab - 1."""
+        return self.model.n_vocab
+
+    @property
+    def tool_format(self) -> ToolFormat:
+        """The tool-call syntax the model's chat template writes."""
+        return self.template.tool_format
+
+    @property
+    def thinks(self) -> bool:
+        """Whether the chat template knows a <think> block."""
+        return THINK_OPEN in self.template.source
+
+    def opens_thought(self, tokens: list[int]) -> bool:
+        """Whether a prompt of `tokens` ends inside an open <think> block
+        (the template opened it for the model)."""
+        return opens_thought(self.model.detokenize(tokens[-8:]))
+
+    def tokenize(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """`text` in the model's vocabulary, with no length check (text_tokens
+        has one); for an open LLM only. Raises nothing of its own."""
+        return self.model.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text of `tokens` (ids below n_vocab)."""
+        return self.model.detokenize(tokens)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the engine still runs: False once it failed or closed."""
+        return self.engine.alive
+
+    @property
+    def failure(self) -> str | None:
+        """Why the engine stopped, when it failed."""
+        return self.engine.failure
+
+    def stalled(self) -> str | None:
+        """Why the engine counts as wedged (work and no step for too long);
+        None when it is idle or moving."""
+        return self.engine.stalled()
 
     # ---- prompts ----------------------------------------------------------------
 

@@ -23,10 +23,8 @@ from llmctl.server.workers import BODY_DEADLINE_S, QUEUE_PER_WORKER, DaemonExecu
 # Deeper than any real request; the walk below is iterative, but code
 # further on (templates, json.dumps) recurses.
 MAX_DEPTH = 64
-# Bodies up to this size parse inline. Measured on this 2-core machine under
-# load: parse_json takes ~60 us at 1 KiB, ~0.3 ms at 16 KiB and ~0.9 ms at
-# 64 KiB, and a worker hand-off alone ~0.12 ms; at 16 KiB the loop is held
-# for no more than a couple of hand-offs.
+# Bodies up to this size parse inline: parsing one costs the loop no more
+# than a couple of hand-offs to a worker would, and larger ones cost more.
 INLINE_BYTES = 16 << 10
 _CONSTANTS = {math.inf: "Infinity", -math.inf: "-Infinity"}
 # A whole string, escapes included; each becomes one STRING byte before the
@@ -64,7 +62,7 @@ def shared_executor() -> DaemonExecutor:
     cluster ingress): LLMCTL_WORKERS_BODY threads (2), 4 queued per thread."""
     with _shared_lock:
         if not _shared:
-            size = max(1, int(config.env("WORKERS_BODY", "2")))
+            size = max(1, int(config.env("WORKERS_BODY", "2") or "2"))
             _shared.append(DaemonExecutor("llmctl-body", size, QUEUE_PER_WORKER * size))
         return _shared[0]
 

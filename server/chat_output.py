@@ -36,6 +36,8 @@ class ChatShaper:
 
     def __init__(self, setup: ToolSetup | None):
         self.setup = setup
+        # parallel_tool_calls=false: the first call only
+        self.parallel = setup is None or setup.parallel
         self._parser = None if setup is None else ToolCallStream(
             setup.fmt, set(setup.names), setup.reasoning,
             started_in_thought=setup.started_in_thought)
@@ -56,11 +58,11 @@ class ChatShaper:
         return out
 
     def _shape(self, deltas: list) -> list[dict]:
-        out = []
+        out: list[dict] = []
         for d in deltas:
             if isinstance(d, ToolCallDelta):
-                if d.index > 0 and not self.setup.parallel:
-                    continue        # parallel_tool_calls=false: the first call only
+                if d.index > 0 and not self.parallel:
+                    continue
                 self.n_calls = max(self.n_calls, d.index + 1)
                 out.append({"tool_calls": [d.to_openai()]})
             elif isinstance(d, ReasoningDelta):
@@ -77,7 +79,7 @@ class ChatShaper:
         self._shape(self._parser.feed(text) + self._parser.finish())
         parsed = collect([d for d in self._deltas
                           if not (isinstance(d, ToolCallDelta) and d.index > 0
-                                  and not self.setup.parallel)])
+                                  and not self.parallel)])
         msg: dict = {"role": "assistant", "content": parsed.content}
         if parsed.reasoning is not None:
             msg["reasoning_content"] = parsed.reasoning

@@ -61,7 +61,7 @@ async def tokenize(request: Request):
         raise InvalidParams("'content' must be a string", param="content")
     with await state_of(request).lease(_model_field(body)) as lease:
         # Off the event loop: a large text would stall every stream meanwhile.
-        tokens = await run_on(state_of(request).workers.render, lease.llm.model.tokenize,
+        tokens = await run_on(state_of(request).workers.render, lease.llm.tokenize,
                               content, add_special=bool(body.get("add_special", False)),
                               parse_special=True)
     return {"tokens": tokens}
@@ -71,13 +71,13 @@ async def tokenize(request: Request):
 async def detokenize(request: Request):
     body = await json_body(request)
     with await state_of(request).lease(_model_field(body)) as lease:
-        model = lease.llm.model
+        llm = lease.llm
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(
-                type(t) is int and 0 <= t < model.n_vocab for t in tokens):
+                type(t) is int and 0 <= t < llm.n_vocab for t in tokens):
             raise InvalidParams("'tokens' must be a list of token ids", param="tokens")
         return {"content": await run_on(state_of(request).workers.render,
-                                        model.detokenize, tokens)}
+                                        llm.detokenize, tokens)}
 
 
 def _model_field(body: dict) -> str | None:

@@ -12,9 +12,9 @@ from typing import Callable
 
 from llmctl.errors import UsageError
 from llmctl.runtime.config import LoadOptions
-from llmctl.runtime.keep_alive import FOREVER
 from llmctl.runtime.llm import check_draft
 from llmctl.runtime.pool.model_pool import ModelPool
+from llmctl.runtime.pool.room import FOREVER
 from llmctl.server.app import create_app
 from llmctl.server.state import HttpPolicy, ServerState
 from llmctl.store.registry import load_registry

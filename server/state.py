@@ -7,16 +7,25 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from llmctl.errors import EngineFailed, InvalidParams, ModelLoading, ModelNotFound, ModelsBusy
-from llmctl.runtime.keep_alive import parse_keep_alive
+from llmctl.errors import EngineFailed, ModelLoading, ModelNotFound, ModelsBusy
 from llmctl.runtime.pool.model_pool import Lease, Loaded, ModelPool, Reservation
 from llmctl.runtime.sampling import SamplingParams
+from llmctl.server.keep_alive import request_keep_alive
+from llmctl.server.model_names import resolve_request, untagged
 from llmctl.server.workers import Workers, run_on
+
+if TYPE_CHECKING:
+    import concurrent.futures as cf
+
+    from llmctl.runtime.llm import LLM
+    from llmctl.store.resolve import ResolvedModel
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -40,17 +49,18 @@ class ServerState:
     load_error: str | None = None       # ... and it failed
     started: float = field(default_factory=time.time)
     workers: Workers = field(default_factory=Workers)   # the app shuts them down
-    _resolving: dict = field(default_factory=dict, repr=False)  # name -> its one resolve
+    # name -> its one resolve
+    _resolving: dict[str, asyncio.Future[ResolvedModel]] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def serving(cls, llm, **kwargs) -> "ServerState":
+    def serving(cls, llm: LLM, **kwargs: Any) -> "ServerState":
         """A state whose pool holds `llm` (loaded by the caller) as the
         default model, for an app built around one LLM object."""
         pool = ModelPool(llm.opts, memory_budget=1 << 62)
         pool.adopt(llm.resolved, llm)
         return cls(pool, default=llm.name, **kwargs)
 
-    async def lease(self, model: str | None, keep_alive=None) -> Lease:
+    async def lease(self, model: str | None, keep_alive: object = None) -> Lease:
         """A lease on the model a request names (the default when None),
         loaded if needed; waiting for it holds no thread. `keep_alive` is
         the request's raw value. Raises InvalidParams for a bad keep_alive,
@@ -61,20 +71,20 @@ class ServerState:
         name = model or self.default
         if name is None:
             raise ModelLoading("no model is named in the request and the server has no default")
-        lease = self.pool.acquire_loaded(name, keep)
+        lease = self.pool.acquire_loaded(untagged(name), keep)
         if lease is None:
             try:
                 lease = await self._acquire(name, keep)
             except ModelNotFound as e:
                 e.param = e.param or "model"    # the request's field that named it
                 raise
-        engine = lease.llm.engine
-        if not engine.alive:
+        llm = lease.llm
+        if not llm.alive:
             lease.release()
             raise EngineFailed(f"the engine of {lease.name!r} has stopped: "
-                               f"{engine.failure or 'shut down'}")
+                               f"{llm.failure or 'shut down'}")
         # A wedged step never ends: a request queued behind it would wait forever.
-        why = engine.stalled()
+        why = llm.stalled()
         if why:
             lease.release()
             raise EngineFailed(f"the engine of {lease.name!r} is stalled: {why}")
@@ -113,14 +123,16 @@ class ServerState:
             return Lease(pool, got.entry)
         return await _settled(workers.load.submit(pool.fill, got.entry), Lease.release)
 
-    async def _resolve(self, name: str):
-        """pool.resolve(name) on the resolve workers, once for all the
+    async def _resolve(self, name: str) -> ResolvedModel:
+        """The model a request's `name` means (model_names.resolve_request)
+        on the resolve workers, once for all the
         requests that ask at the same time: resolving may join a model's
         part files (minutes), so it never runs on the load workers, and
         forty requests for it must not take forty threads to wait."""
         task = self._resolving.get(name)
         if task is None:
-            task = asyncio.ensure_future(run_on(self.workers.resolve, self.pool.resolve, name))
+            task = asyncio.ensure_future(run_on(self.workers.resolve, resolve_request,
+                                                self.pool, name))
             self._resolving[name] = task
             task.add_done_callback(lambda _: self._resolving.pop(name, None))
         return await asyncio.shield(task)
@@ -140,12 +152,12 @@ class ServerState:
 
 
 def _engine_trouble(entry: Loaded) -> str | None:
-    if entry.llm is None:
+    llm = entry.llm
+    if llm is None:
         return None
-    engine = entry.llm.engine
-    if not engine.alive:
-        return f"the engine of {entry.name!r} has stopped: {engine.failure}"
-    why = engine.stalled()      # has work and made no step for LLMCTL_ENGINE_STALL_S
+    if not llm.alive:
+        return f"the engine of {entry.name!r} has stopped: {llm.failure}"
+    why = llm.stalled()         # has work and made no step for LLMCTL_ENGINE_STALL_S
     return f"model {entry.name!r}: {why}" if why else None
 
 
@@ -159,14 +171,14 @@ def _undo(pool: ModelPool, got: Reservation) -> None:
         Lease(pool, got.entry).release()
 
 
-async def _settled(future, undo):
+async def _settled(future: cf.Future[T], undo: Callable[[T], None]) -> T:
     """The result of a worker's `future`. Should the awaiting request be
     cancelled first, the call still runs to its end and `undo(result)`
     gives back what it took (a use of a model, a reservation)."""
     try:
         return await asyncio.shield(asyncio.wrap_future(future))
     except asyncio.CancelledError:
-        def later(f) -> None:
+        def later(f: cf.Future[T]) -> None:
             if not f.cancelled() and f.exception() is None:
                 undo(f.result())
         future.add_done_callback(later)
@@ -184,17 +196,6 @@ async def leased(lease: Lease, respond: Awaitable[Response]) -> Response:
     if not isinstance(response, StreamingResponse):
         lease.release()
     return response
-
-
-def request_keep_alive(raw) -> float | None:
-    """Seconds (FOREVER: -1) from a request's `keep_alive`; None when absent.
-    Raises InvalidParams naming the field."""
-    if raw is None:
-        return None
-    try:
-        return parse_keep_alive(raw)
-    except ValueError as e:
-        raise InvalidParams(f"'keep_alive' {e}", param="keep_alive") from None
 
 
 def state_of(request: Request) -> ServerState:

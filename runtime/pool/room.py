@@ -1,6 +1,7 @@
-"""The waiting side of ModelPool: what a reservation answers, and the
-requests waiting for a model's room, woken only when room may have
-appeared and only as many as could then succeed.
+"""The waiting side of ModelPool: a model's entry and a request's lease on
+it, what a reservation answers, and the requests waiting for a model's
+room, woken only when room may have appeared and only as many as could
+then succeed.
 
 A wake-up is not free: the server answers each one with a try on its query
 workers, which /api/tags and /api/ps share. So the pool calls a waiter only
@@ -17,13 +18,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from llmctl import config
-from llmctl.errors import ModelsBusy, ModelTooLarge
+from llmctl.errors import LlmctlError, ModelsBusy, ModelTooLarge
 
 if TYPE_CHECKING:
     from llmctl.runtime.config import LoadOptions
+    from llmctl.runtime.llm import LLM
+    from llmctl.runtime.pool.model_pool import ModelPool
     from llmctl.store.resolve import ResolvedModel
 
 log = logging.getLogger("llmctl.pool")
+
+# A keep-alive that never runs out (Ollama's -1: any negative value).
+FOREVER = -1.0
 
 # Requests one model may have waiting for its room; past it, ModelsBusy (a
 # 503 with Retry-After) at once instead of a wait with no bound on its cost.
@@ -65,7 +71,7 @@ class Loaded:
     resolved: "ResolvedModel"
     bytes: int
     keep_alive_s: float
-    llm: object = None               # the LLM, once loaded
+    llm: "LLM | None" = None         # once loaded
     error: BaseException | None = None
     active: int = 0
     last_used: float = 0.0
@@ -104,6 +110,31 @@ class Reservation:
         """After a wait: raise the error the load this waited for ended in."""
         if self.loading is not None and self.loading.error is not None:
             raise self.loading.error
+
+
+class Lease:
+    """One request's hold on a loaded model; `release()` (or leaving the
+    `with`) lets the pool unload it again. Raises LlmctlError for an entry
+    that is not loaded (the pool never asks for one)."""
+
+    def __init__(self, pool: ModelPool, entry: Loaded):
+        self.pool, self.entry = pool, entry
+        if entry.llm is None:       # the pool leases loaded entries only
+            raise LlmctlError(f"model {entry.name!r} is not loaded")
+        self.llm: LLM = entry.llm
+        self.name = entry.name
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.pool._release(self.entry)
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 # What a model is, for its waiters: loaded (every waiter can take it), busy

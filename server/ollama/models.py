@@ -12,8 +12,11 @@ from llmctl import __version__
 from llmctl.errors import InvalidParams, LlmctlError
 from llmctl.runtime.formats.reasoning import THINK_OPEN
 from llmctl.runtime.formats.template import ChatTemplate
+from llmctl.runtime.llm import LLM
 from llmctl.runtime.pool.model_pool import Loaded
 from llmctl.server.body import json_body
+from llmctl.server.fields import typed_field
+from llmctl.server.model_names import resolve_request
 from llmctl.server.ollama.request import (
     OllamaRoute,
     far_future,
@@ -21,7 +24,6 @@ from llmctl.server.ollama.request import (
     parse_options,
     rfc3339,
 )
-from llmctl.server.protocol import typed_field
 from llmctl.server.state import state_of
 from llmctl.server.workers import run_on
 from llmctl.store.gguf_info import read_gguf_info
@@ -78,10 +80,10 @@ async def tags(request: Request):
     return {"models": await run_on(state_of(request).workers.query, _local_models, named)}
 
 
-def _running(entry: Loaded) -> dict:
+def _running(entry: Loaded, llm: LLM) -> dict:
     """/api/ps' entry for a loaded model, with llmctl's own figures under
     "llmctl" (what `llmctl ps` shows)."""
-    llm, now = entry.llm, time.time()
+    now = time.time()
     listing = _listing(entry.resolved)
     expires = _expiry(entry, now)
     stats = llm.stats()
@@ -111,8 +113,9 @@ def _expiry(entry: Loaded, now: float) -> str:
 @router.get("/api/ps")
 async def ps(request: Request):
     state = state_of(request)
-    loaded = [e for e in state.pool.loaded() if e.llm is not None]
-    return {"models": await run_on(state.workers.query, lambda: [_running(e) for e in loaded])}
+    loaded = [(e, e.llm) for e in state.pool.loaded() if e.llm is not None]
+    return {"models": await run_on(state.workers.query,
+                                   lambda: [_running(e, llm) for e, llm in loaded])}
 
 
 @router.get("/api/version")
@@ -168,7 +171,7 @@ def _show(resolved: ResolvedModel, defaults, n_ctx: int | None) -> dict:
 async def show(request: Request):
     state = state_of(request)
     name = _model_name(await json_body(request))
-    resolved = await run_on(state.workers.resolve, state.pool.resolve, name)
+    resolved = await run_on(state.workers.resolve, resolve_request, state.pool, name)
     entry = state.pool.get(resolved.name)
     n_ctx = entry.llm.n_ctx if entry is not None and entry.llm is not None else None
     return await run_on(state.workers.query, _show, resolved, state.defaults, n_ctx)
@@ -185,7 +188,7 @@ def _texts(value) -> list[str]:
 @router.post("/api/embed")
 async def embed(request: Request):
     from llmctl.runtime.embed import embed_texts
-    from llmctl.server.openai.embeddings import embed_watched
+    from llmctl.server.watch import embed_watched
 
     start = time.monotonic()
     state = state_of(request)
@@ -211,7 +214,7 @@ async def embeddings_legacy(request: Request):
     """Ollama's older route: one `prompt`, one `embedding` (empty for an
     empty prompt), with the same cancellation and limits as /api/embed."""
     from llmctl.runtime.embed import embed_texts
-    from llmctl.server.openai.embeddings import embed_watched
+    from llmctl.server.watch import embed_watched
 
     state = state_of(request)
     body = await json_body(request)

@@ -21,8 +21,8 @@ from starlette.exceptions import HTTPException
 from llmctl.errors import InvalidParams, LlmctlError
 from llmctl.runtime.sampling import INT32_MAX, SamplingParams
 from llmctl.server.errors import retry_headers
-from llmctl.server.protocol import parse_sampling, typed_field
-from llmctl.server.state import request_keep_alive
+from llmctl.server.fields import parse_sampling, typed_field
+from llmctl.server.keep_alive import request_keep_alive
 from llmctl.server.tool_protocol import Structured, parse_structured
 
 log = logging.getLogger("llmctl.server")
@@ -197,6 +197,7 @@ def parse_structured_fields(body: dict, tools: Any = None) -> Structured:
     """`format` ("json" or a JSON schema) and `tools` as a Structured.
     Raises InvalidParams naming `format` or `tools`."""
     fmt = body.get("format")
+    response_format: dict | None
     if fmt in (None, ""):
         response_format = None
     elif fmt == "json":
@@ -263,7 +264,8 @@ def chat_messages(messages: Any) -> list[dict]:
         return []
     if not isinstance(messages, list):
         raise InvalidParams("'messages' must be a list", param="messages")
-    out, unanswered = [], []
+    out: list[dict] = []
+    unanswered: list[tuple[str, str | None]] = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise InvalidParams(f"messages[{i}] must be an object", param="messages")
@@ -298,7 +300,7 @@ def _ollama_role(i: int, role: Any) -> str:
                         f"got {shown!r}", param="messages")
 
 
-def _with_id(call: Any, new_id: str, unanswered: list[tuple[str, str]]) -> Any:
+def _with_id(call: Any, new_id: str, unanswered: list[tuple[str, str | None]]) -> Any:
     if not isinstance(call, dict):
         return call             # normalize_tool_calls names the mistake
     call = call if call.get("id") else {**call, "id": new_id}
@@ -307,7 +309,7 @@ def _with_id(call: Any, new_id: str, unanswered: list[tuple[str, str]]) -> Any:
     return call
 
 
-def _answered(unanswered: list[tuple[str, str]], name: Any) -> str | None:
+def _answered(unanswered: list[tuple[str, str | None]], name: Any) -> str | None:
     """The id of the earliest unanswered call to `name` (to any, without a
     name), taken off the list."""
     for k, (call_id, called) in enumerate(unanswered):

@@ -1,27 +1,24 @@
 """Ollama's generation API beside OpenAI's: /api/chat and /api/generate,
 as NDJSON streams (Ollama's default) or one JSON object. Like
-completions.py, this only translates HTTP to one LLM.open_stream call and
-its events back; ollama_request.py validates the fields and
-ollama_models.py serves the rest of /api/*."""
+openai/completions.py, this only translates a request into one
+GenerationRequest (server/generation.py runs it) and its events back;
+request.py validates the fields and models.py serves the rest of /api/*."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from dataclasses import dataclass, replace
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import JSONResponse, Response
 
 from llmctl.errors import InvalidParams
 from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent
-from llmctl.runtime.formats.reasoning import THINK_OPEN, opens_thought
-from llmctl.runtime.llm import LLM
-from llmctl.runtime.pool.model_pool import Lease
-from llmctl.server.body import json_body
-from llmctl.server.chat_output import ChatShaper
+from llmctl.runtime.sampling import SamplingParams
+from llmctl.server import generation as gen
+from llmctl.server.chat_output import ChatShaper, ToolSetup
+from llmctl.server.model_names import unload_request
 from llmctl.server.ollama import models as ollama_models
 from llmctl.server.ollama.request import (
     GeneratePrompt,
@@ -38,10 +35,9 @@ from llmctl.server.ollama.request import (
     reasoning_format,
     rfc3339,
 )
-from llmctl.server.openai.completions import cancel_on_disconnect
-from llmctl.server.state import ServerState, leased, state_of
+from llmctl.server.state import ServerState
 from llmctl.server.tool_protocol import Structured
-from llmctl.server.workers import converting_field, parse_within_deadline, run_on
+from llmctl.server.workers import run_on
 
 router = APIRouter(route_class=OllamaRoute)
 router.include_router(ollama_models.router)
@@ -64,31 +60,40 @@ class _Request:
     @property
     def empty(self) -> bool:
         """Nothing to answer: Ollama's way to load (or unload) a model."""
-        return not self.messages if self.chat else not self.prompt.prompt
+        return not self.messages if self.chat else self.prompt is None or not self.prompt.prompt
+
+    def generation(self) -> gen.GenerationRequest:
+        """The request in no protocol's terms."""
+        if self.chat or self.prompt is None:
+            prompt: gen.Prompt = gen.ChatPrompt(self.messages or [], self.structured.tools)
+        elif self.prompt.raw:
+            prompt = gen.TextPrompt(self.prompt.prompt)
+        else:
+            prompt = gen.ChatPrompt(self.prompt.messages())
+        return gen.GenerationRequest(self.model, self.keep_alive, prompt, self.structured,
+                                     stream=self.stream)
 
 
 @router.post("/api/chat")
 async def chat(request: Request):
-    return await _handle(request, chat=True)
+    return await _handle(request, chat=True, start=time.monotonic())
 
 
 @router.post("/api/generate")
 async def generate(request: Request):
-    return await _handle(request, chat=False)
+    return await _handle(request, chat=False, start=time.monotonic())
 
 
-async def _handle(request: Request, chat: bool) -> Response:
-    start = time.monotonic()
-    state = state_of(request)
-    body = await json_body(request)
-    # `format` and `tools` become grammars: never on the loop, and a 400
-    # past the parse deadline.
-    req = await parse_within_deadline(state.workers, converting_field(body, ("format", "tools")),
-                                      _parse, body, chat, state.defaults)
-    return await _generate(request, state, req, start)
+async def _handle(request: Request, chat: bool, start: float) -> Response:
+    """`start`: when the request arrived, for Ollama's durations."""
+    state, req = await gen.parse_generation(request, ("format", "tools"), _parse, chat)
+    if req.empty:
+        return await _load_or_unload(state, req)
+    return await gen.respond(request, req.generation(),
+                             _Ollama(req, start, state.reasoning_format))
 
 
-def _parse(body: dict, chat: bool, defaults) -> _Request:
+def _parse(body: dict, chat: bool, defaults: SamplingParams) -> _Request:
     """A validated /api/chat or /api/generate body. Raises InvalidParams
     naming the field."""
     model, stream = common_fields(body)
@@ -102,14 +107,6 @@ def _parse(body: dict, chat: bool, defaults) -> _Request:
                     parse_generate_prompt(body))
 
 
-async def _generate(request: Request, state: ServerState, req: _Request, start: float) -> Response:
-    if req.empty:
-        return await _load_or_unload(state, req)
-    lease = await state.lease(req.model, req.keep_alive)
-    load_s = time.monotonic() - start
-    return await leased(lease, _respond(request, state, req, lease, _Timing(start, load_s)))
-
-
 async def _load_or_unload(state: ServerState, req: _Request) -> Response:
     """Ollama's empty request: load the model (keep_alive as given), or
     unload it at once when keep_alive is 0. Unknown models are a 404."""
@@ -117,7 +114,7 @@ async def _load_or_unload(state: ServerState, req: _Request) -> Response:
     if name is None:
         raise InvalidParams("'model' is required", param="model")
     if keep_alive_is_zero(req.keep_alive):
-        await run_on(state.workers.query, state.pool.unload, name)
+        await run_on(state.workers.query, unload_request, state.pool, name)
         reason = "unload"
     else:
         (await state.lease(name, req.keep_alive)).release()
@@ -139,51 +136,35 @@ def _answer(chat: bool, content: str, thinking: str | None, tool_calls: list | N
     return {"response": content, **({"thinking": thinking} if thinking else {})}
 
 
-def _prompt_tokens(llm: LLM, req: _Request) -> list[int]:
-    if req.chat:
-        return llm.chat_tokens(req.messages, req.structured.tools)
-    if req.prompt.raw:
-        return llm.text_tokens(req.prompt.prompt)
-    return llm.chat_tokens(req.prompt.messages())
-
-
-async def _respond(request: Request, state: ServerState, req: _Request, lease: Lease,
-                   timing: "_Timing") -> Response:
-    """The response on a leased model; a streaming one releases the lease
-    when its stream ends."""
-    llm = lease.llm
-    # Tools become a grammar only now, for this model's format: off the loop too.
-    params = await parse_within_deadline(state.workers, "tools" if req.structured.tools else None,
-                                         req.structured.sampling,
-                                         req.options.for_context(llm.n_ctx),
-                                         llm.template.tool_format)
-    tokens = await run_on(state.workers.render, _prompt_tokens, llm, req)
-    started_in_thought = opens_thought(llm.model.detokenize(tokens[-8:]))
-    thinks = THINK_OPEN in llm.template.source or started_in_thought
-    structured = replace(req.structured,
-                         reasoning_format=reasoning_format(req.think, thinks, lease.name))
-    setup = structured.setup(llm.template.tool_format, state.reasoning_format, thinks=thinks,
-                             started_in_thought=started_in_thought)
-    stream = llm.open_stream(tokens, params)
-    watcher = asyncio.create_task(cancel_on_disconnect(request, [stream]))
-    writer = _Writer(req.chat, req.model or lease.name, ChatShaper(setup), timing)
-    if req.stream:
-        # The stream releases the lease when it ends; the background task
-        # also does, should the stream never start (release is idempotent).
-        return StreamingResponse(_ndjson(stream, watcher, writer, lease),
-                                 media_type="application/x-ndjson",
-                                 background=BackgroundTask(lease.release))
-    try:
-        return await _collect(stream, writer)
-    finally:
-        watcher.cancel()
-        stream.close()
-
-
 @dataclass(frozen=True)
 class _Timing:
     start: float        # time.monotonic() when the request arrived
     load_s: float       # waiting for the model (loading it, if it was not)
+
+
+class _Ollama(gen.Dialect):
+    """Ollama's side of a generation: `options` on the model's context,
+    `think` checked against the model, and its NDJSON lines."""
+
+    media_type = "application/x-ndjson"
+
+    def __init__(self, req: _Request, start: float, reasoning_format: str):
+        self.req, self.start, self.reasoning_format = req, start, reasoning_format
+
+    def sampling(self, n_ctx: int) -> SamplingParams:
+        return self.req.options.for_context(n_ctx)
+
+    def reading(self, prompt: gen.PromptFacts) -> ToolSetup | None:
+        thinks = prompt.thinks or prompt.started_in_thought
+        structured = replace(self.req.structured, reasoning_format=reasoning_format(
+            self.req.think, thinks, prompt.model))
+        return structured.setup(prompt.tool_format, self.reasoning_format, thinks=thinks,
+                                started_in_thought=prompt.started_in_thought)
+
+    def frames(self, generation: gen.Generation) -> _Writer:
+        return _Writer(self.req.chat, self.req.model or generation.model,
+                       ChatShaper(generation.setup),
+                       _Timing(self.start, generation.leased_at - self.start))
 
 
 def _tool_call(call: dict) -> dict:
@@ -200,6 +181,15 @@ class _Writer:
     def __init__(self, chat: bool, model: str, shaper: ChatShaper, timing: _Timing):
         self.chat, self.model, self.shaper, self.timing = chat, model, shaper, timing
         self._calls: dict[int, dict] = {}       # streamed calls still missing their arguments
+
+    def opening(self) -> str:
+        return ""
+
+    def frames(self, batch: list[tuple[int, gen.Event]]) -> tuple[str, bool]:
+        return self.lines([event for _, event in batch])
+
+    def body(self, answers: list[gen.Answer]) -> dict:
+        return self.whole(answers[0].text, answers[0].finish)
 
     def _line(self, fields: dict, done: bool) -> dict:
         return {"model": self.model, "created_at": rfc3339(), **fields, "done": done}
@@ -262,31 +252,3 @@ class _Writer:
         calls = [_tool_call({**c, "index": i}) for i, c in enumerate(message.get("tool_calls", ()))]
         return self.final(event, message["content"] or "", message.get("reasoning_content"),
                           calls or None)
-
-
-async def _ndjson(stream, watcher: asyncio.Task, writer: _Writer, lease: Lease):
-    try:
-        ended = False
-        while not ended:
-            lines, ended = writer.lines(await stream.next_batch())
-            if lines:
-                yield lines
-    finally:
-        watcher.cancel()
-        stream.close()
-        lease.release()
-
-
-async def _collect(stream, writer: _Writer) -> Response:
-    parts: list[str] = []
-    while True:
-        for event in await stream.next_batch():
-            if isinstance(event, ErrorEvent):
-                raise event.error
-            if isinstance(event, TokenEvent):
-                parts.append(event.text)
-                continue
-            if event.reason == "cancelled":     # the client is gone: nobody reads this
-                return Response(status_code=499)
-            parts.append(event.tail)
-            return JSONResponse(writer.whole("".join(parts), event))

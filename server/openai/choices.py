@@ -57,7 +57,7 @@ class ChoiceWriter:
         self.index = index
         self.shaper = shaper            # None: /v1/completions
         self.logprobs = logprobs
-        self._legacy = LegacyLogprobs() if shaper is None else None
+        self._legacy = LegacyLogprobs()   # completions' offsets; chat has no use for it
         self._pending: list[TokenLogprob] = []
 
     def first(self) -> dict | None:
@@ -69,17 +69,17 @@ class ChoiceWriter:
     def chunks(self, event: TokenEvent | FinishEvent) -> list[dict]:
         """The choice objects one engine event adds to the stream."""
         self._pending += event.logprobs
-        text = event.text if isinstance(event, TokenEvent) else event.tail
-        end = isinstance(event, FinishEvent)
+        end = event.reason if isinstance(event, FinishEvent) else None
+        text = event.tail if isinstance(event, FinishEvent) else event.text
         if self.shaper is None:
             out = [self._text(text, None)] if text else []
-            if end:
-                out.append(self._text("", finish_reason(event.reason)))
+            if end is not None:
+                out.append(self._text("", finish_reason(end)))
             return out
-        deltas = self.shaper.feed(text) if not end else self.shaper.finish(text)
+        deltas = self.shaper.feed(text) if end is None else self.shaper.finish(text)
         out = [self._delta(d, None) for d in deltas]
-        if end:
-            out.append(self._delta({}, self.shaper.finish_reason(event.reason)))
+        if end is not None:
+            out.append(self._delta({}, self.shaper.finish_reason(end)))
         return out
 
     def whole(self, text: str, event: FinishEvent, logprobs: list[TokenLogprob]) -> dict:

@@ -1,25 +1,22 @@
 """/v1/embeddings in OpenAI's shape: parse and check the request, embed on a
 worker thread (llmctl.runtime.embed), and return floats or base64. The work
-stops between batches once the client hangs up (`embed_watched`, which
-Ollama's embedding routes use too)."""
+stops between batches once the client hangs up (server/watch.py's
+`embed_watched`, which Ollama's embedding routes use too)."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 from fastapi import APIRouter, Request
 
 from llmctl.errors import InvalidParams
-from llmctl.runtime.embed import CancelFlag, embed_texts, embed_tokens
+from llmctl.runtime.embed import embed_texts, embed_tokens
 from llmctl.server.body import json_body
-from llmctl.server.openai.completions import cancel_on_disconnect
-from llmctl.server.protocol import typed_field
+from llmctl.server.fields import typed_field
 from llmctl.server.state import state_of
-from llmctl.server.workers import run_on
+from llmctl.server.watch import embed_watched
 
 router = APIRouter()
 
@@ -84,21 +81,6 @@ def _encode(vector: list[float], as_base64: bool):
     # OpenAI's base64 is the little-endian float32 bytes.
     return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode() \
         if as_base64 else vector
-
-
-async def embed_watched(request: Request, embed: Callable, *args, **kwargs):
-    """`embed(*args, **kwargs, cancel=flag)` on a worker thread, the flag set
-    the moment the client disconnects, so the work stops at its next batch.
-    Raises what `embed` raises: Cancelled (a 499 nobody reads) once the
-    client is gone."""
-    flag = CancelFlag()
-    watcher = asyncio.create_task(cancel_on_disconnect(request, [flag]))
-    # Embeddings' own executor, so a long request never holds a thread that
-    # renders or parses other requests.
-    try:
-        return await run_on(state_of(request).workers.embed, embed, *args, **kwargs, cancel=flag)
-    finally:
-        watcher.cancel()
 
 
 @router.post("/v1/embeddings")

@@ -1,32 +1,16 @@
-"""OpenAI request parsing and response shapes. Parsing is strict about types
-so a client's mistake is a 400 that names the parameter, never a 500."""
+"""OpenAI's completion requests, parsed: strict about types, so a client's
+mistake is a 400 that names the parameter, never a 500."""
 
 from __future__ import annotations
 
-import math
-import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from llmctl.errors import InvalidParams
-from llmctl.runtime.engine.events import Usage
-from llmctl.runtime.sampling import MAX_STOPS, MAX_TOP_LOGPROBS, SamplingParams
+from llmctl.runtime.sampling import MAX_TOP_LOGPROBS, SamplingParams
+from llmctl.server.fields import parse_sampling, typed_field
 from llmctl.server.tool_protocol import Structured, parse_structured
 
-_NUMBER = (int, float)
-# (body key, SamplingParams field, accepted types)
-_SAMPLING_FIELDS = [
-    ("temperature", "temperature", _NUMBER),
-    ("top_p", "top_p", _NUMBER),
-    ("top_k", "top_k", (int,)),
-    ("min_p", "min_p", _NUMBER),
-    ("presence_penalty", "presence_penalty", _NUMBER),
-    ("frequency_penalty", "frequency_penalty", _NUMBER),
-    ("repeat_penalty", "repeat_penalty", _NUMBER),
-    ("seed", "seed", (int,)),
-    ("ignore_eos", "ignore_eos", (bool,)),
-]
 # Choices per request: each is a sequence in the batch, so this bounds what
 # one request can take from everyone else.
 MAX_CHOICES = 16
@@ -47,34 +31,6 @@ _UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "echo": lambda v: v is not None and v is not False,
     "suffix": lambda v: v not in (None, ""),
 }
-
-
-def typed_field(body: dict, key: str, types: tuple) -> Any:
-    """body[key] if it has one of `types`; None when absent or null (OpenAI:
-    null means the default). Raises InvalidParams naming `key` otherwise."""
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) and bool not in types:
-        raise InvalidParams(f"'{key}' must be {_names(types)}, got a boolean", param=key)
-    if not isinstance(value, types):
-        raise InvalidParams(f"'{key}' must be {_names(types)}, got {_json_type(value)}",
-                            param=key)
-    if isinstance(value, float) and not math.isfinite(value):
-        raise InvalidParams(f"'{key}' must be a finite number", param=key)
-    return value
-
-
-def _names(types: tuple) -> str:
-    if types == _NUMBER:
-        return "a number"
-    return " or ".join({int: "an integer", bool: "a boolean", str: "a string",
-                        dict: "an object", list: "an array"}[t] for t in types)
-
-
-def _json_type(value: Any) -> str:
-    return {str: "a string", dict: "an object", list: "an array", int: "an integer",
-            float: "a number", bool: "a boolean"}.get(type(value), type(value).__name__)
 
 
 def parse_n(body: dict) -> int:
@@ -113,34 +69,6 @@ def parse_logprobs(body: dict, chat: bool) -> int | None:
     if n is not None and not 0 <= n <= MAX_TOP_LOGPROBS:
         raise InvalidParams(f"'{key}' must be in [0, {MAX_TOP_LOGPROBS}]", param=key)
     return n
-
-
-def parse_sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
-    """The sampling parameters of a request over `defaults`. Raises
-    InvalidParams (param: the field) for a wrong type or value out of range
-    (SamplingParams checks the ranges; docs/limits.md lists them)."""
-    values: dict[str, Any] = {}
-    for key, name, types in _SAMPLING_FIELDS:
-        value = typed_field(body, key, types)
-        if value is not None:
-            values[name] = value
-    # max_completion_tokens is OpenAI's newer name; it wins when both are set.
-    for key in ("max_tokens", "max_completion_tokens"):
-        max_tokens = typed_field(body, key, (int,))
-        if max_tokens is not None:
-            if max_tokens < 1:
-                raise InvalidParams(f"'{key}' must be at least 1", param=key)
-            values["max_tokens"] = max_tokens
-    stop = body.get("stop")
-    if stop is not None:
-        if isinstance(stop, str):
-            stop = [stop]
-        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-            raise InvalidParams("'stop' must be a string or a list of strings", param="stop")
-        if len(stop) > MAX_STOPS:     # counted before empty strings are dropped
-            raise InvalidParams(f"'stop' may hold at most {MAX_STOPS} strings", param="stop")
-        values["stop"] = tuple(s for s in stop if s)
-    return defaults.replace(**values)
 
 
 def stream_options(body: dict) -> bool:
@@ -212,40 +140,3 @@ def parse_request(body: dict, chat: bool, defaults: SamplingParams) -> ParsedReq
             raise InvalidParams("'messages' is required", param="messages")
         return ParsedRequest(*head, body["messages"], None, body.get("keep_alive"))
     return ParsedRequest(*head, None, _prompt(body), body.get("keep_alive"))
-
-
-def usage_dict(usage: Usage) -> dict:
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-    }
-
-
-class ResponseIds:
-    """The fields every object of one response shares; the choices come
-    from server.choices."""
-
-    def __init__(self, model: str, chat: bool):
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        self.created = int(time.time())
-        self.model = model
-        self.chat = chat
-
-    def _base(self, obj: str) -> dict:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "system_fingerprint": "llmctl"}
-
-    def chunk(self, choices: list[dict]) -> dict:
-        """A streamed chunk carrying `choices`."""
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return {**self._base(obj), "choices": choices}
-
-    def usage_chunk(self, usage: Usage) -> dict:
-        return {**self.chunk([]), "usage": usage_dict(usage)}
-
-    def body(self, choices: list[dict], usage: Usage) -> dict:
-        """A whole (non-streamed) response."""
-        obj = "chat.completion" if self.chat else "text_completion"
-        return {**self._base(obj), "choices": choices, "usage": usage_dict(usage)}

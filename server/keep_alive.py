@@ -1,12 +1,15 @@
 """Ollama's keep_alive: how long a model stays loaded after its last
 request, as a number of seconds or a Go-style duration, within the range
-Ollama itself accepts."""
+Ollama itself accepts. Every protocol's requests may send it, and `serve
+--keep-alive` takes the same forms; the pool takes only seconds."""
 
 from __future__ import annotations
 
 import re
 
-FOREVER = -1.0
+from llmctl.errors import InvalidParams
+from llmctl.runtime.pool.room import FOREVER
+
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
 # The longest keep-alive: Go's longest time.Duration (2^63 - 1 ns, about 292
 # years), the most Ollama itself accepts ("99999999h" is an error there
@@ -15,7 +18,7 @@ _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
 MAX_KEEP_ALIVE_S = (2**63 - 1) / 1e9
 
 
-def parse_keep_alive(value) -> float:
+def parse_keep_alive(value: object) -> float:
     """Seconds from Ollama's keep_alive forms: a number of seconds, or a
     duration such as "5m", "90s", "1h30m"; any negative value means forever
     (FOREVER). Raises ValueError naming the accepted forms, and for more
@@ -46,3 +49,14 @@ def _duration(text: str) -> float:
     if not parts or "".join(n + u for n, u in parts) != text.lstrip("-"):
         raise ValueError(f"{text!r} is not a duration (use e.g. 30s, 5m, 1h, -1)")
     return sign * sum(float(n) * _UNITS[u] for n, u in parts)
+
+
+def request_keep_alive(raw: object) -> float | None:
+    """Seconds (FOREVER: -1) from a request's `keep_alive`; None when absent.
+    Raises InvalidParams naming the field."""
+    if raw is None:
+        return None
+    try:
+        return parse_keep_alive(raw)
+    except ValueError as e:
+        raise InvalidParams(f"'keep_alive' {e}", param="keep_alive") from None

@@ -1,0 +1,321 @@
+"""One generation's lifecycle, whatever protocol asked for it: lease the
+model, turn the request's tools and formats into sampling parameters and
+render and tokenize its prompt (off the event loop, on the server's
+workers), open its n streams, watch for the client's disconnect, stream the
+protocol's frames or collect whole answers, and release the lease.
+
+A protocol (server/openai/, server/ollama/) hands over a GenerationRequest
+and a Dialect: its parameters, how to read an answer (tool calls,
+thoughts) and its frames. It never touches the model; the runtime owns
+generation, cancellation and statistics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Protocol, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from llmctl import config
+from llmctl.errors import InvalidParams
+from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent
+from llmctl.runtime.engine.logprobs import TokenLogprob
+from llmctl.runtime.formats.tool_calls import ToolFormat
+from llmctl.runtime.llm import LLM, AsyncStream
+from llmctl.runtime.pool.model_pool import Lease
+from llmctl.runtime.sampling import SamplingParams
+from llmctl.server.body import json_body
+from llmctl.server.chat_output import ToolSetup
+from llmctl.server.state import ServerState, leased, state_of
+from llmctl.server.tool_protocol import Structured
+from llmctl.server.watch import cancel_on_disconnect
+from llmctl.server.workers import converting_field, parse_within_deadline, run_on
+
+# A keep-alive frame this often while nothing else is sent (a long CPU
+# prefill), so proxies and clients with read timeouts don't cut the stream.
+KEEPALIVE_S = float(config.env("SSE_KEEPALIVE_S", "15") or "15")
+
+Event = TokenEvent | FinishEvent | ErrorEvent
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A conversation for the model's chat template, `tools` offered to it.
+    The messages are as sent: LLM.chat_tokens validates them."""
+
+    messages: list[dict]
+    tools: list[dict] | None = None
+
+
+@dataclass(frozen=True)
+class TextPrompt:
+    """Text for the model as it is, without the template."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class TokenPrompt:
+    """Token ids >= 0, checked against the vocabulary once the model is known."""
+
+    ids: list[int]
+
+
+Prompt = ChatPrompt | TextPrompt | TokenPrompt
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One validated request to generate, in no protocol's terms."""
+
+    model: str | None               # None: the server's default model
+    keep_alive: object              # as sent; ServerState.lease checks it
+    prompt: Prompt
+    structured: Structured          # tools, tool_choice, formats, logit_bias
+    n: int = 1                      # answers to the prompt, each with its own seed
+    stream: bool = False
+
+
+@dataclass(frozen=True)
+class PromptFacts:
+    """What the leased model and the rendered prompt say about reading the answer."""
+
+    model: str                      # the leased model's name
+    tool_format: ToolFormat
+    thinks: bool                    # the chat template knows <think>
+    started_in_thought: bool        # the prompt ends inside an open thought
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What a protocol's frames are written from."""
+
+    model: str                      # the leased model's name
+    leased_at: float                # time.monotonic() once the model was held
+    setup: ToolSetup | None         # how to read each answer; None: plain text
+    params: SamplingParams
+    n: int
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One whole answer: its text, how it ended, its log-probabilities."""
+
+    text: str
+    finish: FinishEvent
+    logprobs: list[TokenLogprob]
+
+
+class Frames(Protocol):
+    """A protocol's writing of one response."""
+
+    def opening(self) -> str:
+        """What a stream sends before any event ("" for nothing)."""
+        ...
+
+    def frames(self, batch: list[tuple[int, Event]]) -> tuple[str, bool]:
+        """A stream's frames for a batch of (answer index, event), and
+        whether the stream ends with them."""
+        ...
+
+    def body(self, answers: list[Answer]) -> dict:
+        """The whole (non-streamed) response."""
+        ...
+
+
+class Dialect(ABC):
+    """One protocol's side of a generation."""
+
+    media_type: str = "application/json"   # of a streamed response
+    headers: dict[str, str] = {}            # of a streamed response
+    keepalive: str | None = None            # sent every KEEPALIVE_S of silence; None: never
+
+    @abstractmethod
+    def sampling(self, n_ctx: int) -> SamplingParams:
+        """The request's parameters on a model of `n_ctx` tokens per
+        sequence. Raises InvalidParams naming the field."""
+
+    @abstractmethod
+    def reading(self, prompt: PromptFacts) -> ToolSetup | None:
+        """How to read the answer; None for plain text. Raises InvalidParams."""
+
+    @abstractmethod
+    def frames(self, generation: Generation) -> Frames:
+        """The writer of this response."""
+
+
+async def parse_generation(request: Request, converting: tuple[str, ...],
+                           parse: Callable[[dict, bool, SamplingParams], R],
+                           chat: bool) -> tuple[ServerState, R]:
+    """The server's state and `parse(body, chat, defaults)` of the request's
+    body. Fields that become grammars (`converting`) are CPU work of
+    unbounded cost: the parse runs on the parse workers, never on the loop,
+    and is a 400 past their deadline. Raises what json_body, parse and
+    parse_within_deadline raise."""
+    state = state_of(request)
+    body = await json_body(request)
+    req = await parse_within_deadline(state.workers, converting_field(body, converting),
+                                      parse, body, chat, state.defaults)
+    return state, req
+
+
+async def respond(request: Request, req: GenerationRequest, dialect: Dialect) -> Response:
+    """The response to `req` in `dialect`'s frames. Raises, before anything
+    is sent, what ServerState.lease raises, InvalidParams (the dialect's,
+    the grammar's, the prompt's), ContextOverflow and what LLM.open_stream
+    raises. A streamed response releases the lease when its stream ends."""
+    state = state_of(request)
+    lease = await state.lease(req.model, req.keep_alive)
+    leased_at = time.monotonic()
+    return await leased(lease, _on_lease(request, state, req, dialect, (lease, leased_at)))
+
+
+async def _on_lease(request: Request, state: ServerState, req: GenerationRequest,
+                    dialect: Dialect, held: tuple[Lease, float]) -> Response:
+    lease, leased_at = held
+    llm = lease.llm
+    params = dialect.sampling(llm.n_ctx)
+    # Tools become a grammar only now, for this model's format: off the loop too.
+    params = await parse_within_deadline(state.workers, "tools" if req.structured.tools else None,
+                                         req.structured.sampling, params, llm.tool_format)
+    # Rendering and tokenizing a large prompt takes a while: off the loop.
+    tokens = await run_on(state.workers.render, prompt_tokens, llm, req.prompt)
+    setup = dialect.reading(PromptFacts(lease.name, llm.tool_format, llm.thinks,
+                                        llm.opens_thought(tokens)))
+    frames = dialect.frames(Generation(lease.name, leased_at, setup, params, req.n))
+    merged = Merged(open_streams(llm, tokens, params, req.n))
+    watcher = asyncio.create_task(cancel_on_disconnect(request, merged.streams))
+    if req.stream:
+        # The stream releases the lease when it ends; the background task
+        # also does, should the stream never start (release is idempotent).
+        return StreamingResponse(_stream(merged, watcher, frames, dialect.keepalive, lease),
+                                 media_type=dialect.media_type, headers=dialect.headers or None,
+                                 background=BackgroundTask(lease.release))
+    try:
+        answers = await collect(merged)
+    finally:
+        watcher.cancel()
+        merged.close()
+    if answers is None:             # the client is gone: nobody reads this
+        return Response(status_code=499)
+    return JSONResponse(frames.body(answers))
+
+
+def prompt_tokens(llm: LLM, prompt: Prompt) -> list[int]:
+    """The tokens of `prompt` on `llm` (blocking: rendering takes a while).
+    Raises InvalidParams (param "prompt" for ids outside the vocabulary)
+    and ContextOverflow, as LLM.chat_tokens and LLM.text_tokens do."""
+    if isinstance(prompt, ChatPrompt):
+        return llm.chat_tokens(prompt.messages, prompt.tools)
+    if isinstance(prompt, TextPrompt):
+        return llm.text_tokens(prompt.text)
+    if not all(t < llm.n_vocab for t in prompt.ids):
+        raise InvalidParams("'prompt' has token ids outside the vocabulary", param="prompt")
+    return list(prompt.ids)
+
+
+def open_streams(llm: LLM, tokens: list[int], params: SamplingParams,
+                 n: int) -> list[AsyncStream]:
+    """n requests for one prompt, submitted together so the prefix sharing
+    computes the prompt once. A request seed gives answer i seed + i: the
+    same answers on a rerun, not n copies of one answer. Raises what
+    LLM.open_stream raises, with the streams opened before it closed."""
+    streams: list[AsyncStream] = []
+    try:
+        for i in range(n):
+            seed = None if params.seed is None else (params.seed + i) & 0xFFFFFFFF
+            streams.append(llm.open_stream(tokens, params if i == 0 else
+                                           params.replace(seed=seed)))
+    except BaseException:
+        for stream in streams:
+            stream.close()
+        raise
+    return streams
+
+
+class Merged:
+    """The events of n streams as (answer index, event) pairs in arrival
+    order. One stream is read directly; several through a pump task each."""
+
+    def __init__(self, streams: list[AsyncStream]):
+        self.streams = streams
+        self._queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        self._pumps: list[asyncio.Task] = []
+
+    async def next_batch(self, timeout: float | None = None) -> list[tuple[int, Event]]:
+        """Every pair that has arrived, waiting for at least one. Raises
+        TimeoutError when nothing comes within `timeout` seconds."""
+        if len(self.streams) == 1:
+            return [(0, e) for e in await self.streams[0].next_batch(timeout)]
+        if not self._pumps:
+            self._pumps = [asyncio.create_task(self._pump(i, s))
+                           for i, s in enumerate(self.streams)]
+        async with asyncio.timeout(timeout or None):
+            batch = [await self._queue.get()]
+        while not self._queue.empty():
+            batch.append(self._queue.get_nowait())
+        return batch
+
+    async def _pump(self, index: int, stream: AsyncStream) -> None:
+        while not stream.done:
+            for event in await stream.next_batch():
+                self._queue.put_nowait((index, event))
+
+    def close(self) -> None:
+        """Stop the pumps and close every stream (cancelling what still runs)."""
+        for task in self._pumps:
+            task.cancel()
+        for stream in self.streams:
+            stream.close()
+
+
+async def _stream(merged: Merged, watcher: asyncio.Task, frames: Frames,
+                  keepalive: str | None, lease: Lease) -> AsyncIterator[str]:
+    try:
+        opening = frames.opening()
+        if opening:
+            yield opening
+        ended = False
+        while not ended:
+            try:
+                batch = await merged.next_batch(KEEPALIVE_S if keepalive else None)
+            except TimeoutError:
+                yield keepalive or ""
+                continue
+            # Events that queued up while we were sending go out in one
+            # write: fewer syscalls and wake-ups, same frames for the client.
+            out, ended = frames.frames(batch)
+            if out:
+                yield out
+    finally:
+        watcher.cancel()
+        merged.close()
+        lease.release()
+
+
+async def collect(merged: Merged) -> list[Answer] | None:
+    """Every stream's whole answer, in order; None when the request was
+    cancelled (its client left). Raises the error an ErrorEvent carries."""
+    n = len(merged.streams)
+    parts: list[list[str]] = [[] for _ in range(n)]
+    logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
+    answers: list[Answer | None] = [None] * n
+    while any(a is None for a in answers):
+        for index, event in await merged.next_batch():
+            if isinstance(event, ErrorEvent):
+                raise event.error
+            logprobs[index] += event.logprobs
+            if isinstance(event, TokenEvent):
+                parts[index].append(event.text)
+                continue
+            if event.reason == "cancelled":
+                return None
+            parts[index].append(event.tail)
+            answers[index] = Answer("".join(parts[index]), event, logprobs[index])
+    return [a for a in answers if a is not None]
