@@ -23,7 +23,7 @@ HANGUP_AFTER_S = 1.0        # the embeddings attack leaves after this
 CYCLE_SCHEMA = {"$defs": {"a": {"$ref": "#/$defs/a"}}, "allOf": [{"$ref": "#/$defs/a"}]}
 
 # 2. Eight ambiguous recursive alternatives: llama.cpp's grammar keeps one
-# parse stack per live alternative, about x9 per "[".
+# parse stack per live alternative, so each "[" multiplies them.
 WEDGE_SCHEMA = {"$ref": "#/$defs/n", "$defs": {"n": {"anyOf": [
     {"type": "array", "items": {"$ref": "#/$defs/n"}, "minItems": 1}] * 8}}}
 
