@@ -1,6 +1,7 @@
 """The FastAPI application: error mapping, access control and the routes.
-Handlers live in info_routes.py, completions.py and ollama*.py (Ollama's
-/api/*); no generation logic lives in the server at all."""
+Handlers live in info_routes.py, openai/ and ollama/ (Ollama's /api/*);
+both protocols generate through generation.py, and the generation itself
+is the runtime's."""
 
 from __future__ import annotations
 
