@@ -3,7 +3,7 @@ tokenized once, cut into windows of `ctx` tokens (512 by default), and each
 window is scored on its second half only, so every scored token has at least
 ctx/2 tokens of context. The figures are therefore comparable with llama.cpp's.
 
-Model, context and decoding come from the runtime's backend."""
+Model, context and decoding come from the llama.cpp boundary, llmctl.runtime.llama."""
 
 from __future__ import annotations
 

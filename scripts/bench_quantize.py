@@ -47,15 +47,14 @@ def read_speed(path: Path) -> float:
 
 
 def bench_quantize(f16: Path, work: Path, repeat: int, threads: int | None) -> dict:
-    import llama_cpp
-
     from llmctl.quantize import quantize_model
+    from llmctl.runtime.llama import file_types, quantize_file
+
+    q4_k_m = file_types()["Q4_K_M"]
 
     def bare(out: Path) -> None:
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
-        params.nthread = threads or 0
-        assert llama_cpp.llama_model_quantize(str(f16).encode(), str(out).encode(), params) == 0
+        # llama_model_quantize itself: no planning, no checks, no metadata.
+        assert quantize_file(f16, out, q4_k_m, threads=threads or 0) == 0
 
     def ours(out: Path) -> None:
         quantize_model(str(f16), bits=4, output=out, threads=threads, force=True)
