@@ -7,6 +7,9 @@ carries its plans out with llama.cpp. Failures stay with the sequence that
 caused them: a sampling or detokenizing error fails that request only, and a
 batch llama.cpp has no KV room for is retried in halves.
 
+With speculation, a proposer (speculation/) fills in the guesses the
+scheduler made room for, and the step's one decode checks them (_verify).
+
 ctypes releases the GIL inside llama_decode, so callers (the HTTP event
 loop, the chat REPL) stay responsive while the engine computes."""
 
