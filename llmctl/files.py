@@ -65,7 +65,7 @@ def staged(path: Path, fsync: bool = True) -> Iterator[Path]:
             tmp.unlink()
 
 
-def atomic_write(path: Path, data: bytes | str | Iterable[bytes], fsync: bool = True) -> None:
+def atomic_write(path: Path, data: bytes | str | Iterable[bytes | memoryview], fsync: bool = True) -> None:
     """Replace `path` with `data` (bytes, text, or byte parts) all at once:
     readers see the old file or the new one, never half of either. Raises
     OSError from the filesystem."""
