@@ -33,6 +33,9 @@ class TurnStats:
 
 @dataclass
 class ChatSession:
+    """A conversation with one LLM: the system prompt and history its turns
+    send, and the figures of the last turn (`last`)."""
+
     llm: LLM
     params: SamplingParams
     system: str | None = None

@@ -44,6 +44,9 @@ __all__ = ["LLM", "LoadOptions", "Completion", "AsyncStream"]
 
 @dataclass
 class Completion:
+    """A whole completion: its text, finish reason, usage, timings and (with
+    params.logprobs) its tokens' log-probabilities."""
+
     text: str
     finish_reason: str
     usage: Usage
@@ -100,6 +103,10 @@ def check_draft(resolved: ResolvedModel, opts: LoadOptions) -> None:
 
 
 class LLM:
+    """One loaded model with its chat template and engine, behind the API `chat`,
+    `run` and `serve` share. Loading raises BadModelFile, TemplateError, UsageError (a
+    bad draft or setting), OSError from the prefix cache and what making a context raises."""
+
     def __init__(self, resolved: ResolvedModel, opts: LoadOptions):
         self.name = resolved.name
         self.resolved = resolved
@@ -146,10 +153,13 @@ class LLM:
 
     @classmethod
     def load(cls, model: str | None, opts: LoadOptions | None = None) -> "LLM":
+        """Resolve `model` (None: the default) and load it with `opts`. Raises what
+        resolve_model raises (ModelNotFound, BadModelFile, ...) and what loading raises."""
         return cls(resolve_model(model), opts or LoadOptions())
 
     @property
     def n_ctx(self) -> int:
+        """Tokens each sequence's context holds."""
         return self.engine.n_ctx_seq
 
     # ---- what callers may ask of the model --------------------------------------
@@ -275,6 +285,7 @@ class LLM:
         return self.engine.stats()
 
     def close(self) -> None:
+        """Stop the engine, then free the draft model and the model."""
         self.engine.close()
         if self.draft_model is not None:
             self.draft_model.close()

@@ -20,6 +20,9 @@ SAFETY = 0.92   # keep 8% of free memory for fragmentation and other processes
 
 @dataclass(frozen=True)
 class ModelShape:
+    """A model's sizes as the planner needs them: weight bytes, layers, the
+    attention shape and the KV cache's bytes per element."""
+
     weights_bytes: int      # file size is a close upper bound for GGUF weights
     n_layers: int
     n_embd: int

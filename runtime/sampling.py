@@ -73,6 +73,10 @@ def _integer_in(name: str, value: Any, low: int, high: int | None, note: str = "
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """One request's sampling settings, stop strings, grammar, logit bias and logprobs.
+    Construction normalises `stop`, `grammar_triggers` and `logit_bias`, and raises
+    InvalidParams (param: the field) for a wrong type or range, or a bad stop or grammar."""
+
     temperature: float = 0.8
     top_p: float = 0.95
     top_k: int = 40

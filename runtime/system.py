@@ -12,6 +12,8 @@ import psutil
 
 @dataclass
 class GPU:
+    """One GPU: its index, name, and total and free memory in MiB."""
+
     index: int
     name: str
     total_mib: int
@@ -20,6 +22,9 @@ class GPU:
 
 @dataclass
 class SystemInfo:
+    """What `llmctl info` reports: CPU features and counts, RAM in GiB, GPU
+    offload support, the GPUs and the build's CMAKE_ARGS."""
+
     cpu_features: list[str]
     physical_cores: int
     logical_cpus: int
@@ -35,6 +40,7 @@ class SystemInfo:
 
 
 def physical_cores() -> int:
+    """Physical CPU cores; logical CPUs when psutil cannot tell, and at least 1."""
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
@@ -84,6 +90,8 @@ def _smi_gpus() -> list[GPU]:
 
 
 def parse_smi(text: str) -> list[GPU]:
+    """GPUs from nvidia-smi's CSV (index, name, total and free MiB); other lines
+    are skipped. Raises ValueError for a memory figure that is not a number."""
     gpus = []
     for line in text.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
@@ -111,6 +119,8 @@ def _build_flags() -> str:
 
 
 def system_info() -> SystemInfo:
+    """This machine and build: llama.cpp's CPU features, cores and threads,
+    RAM, GPU offload, the GPUs and the build flags."""
     from llmctl.runtime import llama
 
     text = llama.system_info()

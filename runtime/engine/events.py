@@ -14,6 +14,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class Usage:
+    """One request's token counts: prompt, completion, and the prompt tokens
+    reused from the prefix cache."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -25,6 +28,9 @@ class Usage:
 
 @dataclass
 class TokenEvent:
+    """Output text as it is released, with the token that released it and,
+    with logprobs, the log-probabilities of the tokens the text comes from."""
+
     text: str
     token: int
     # With SamplingParams.logprobs: the tokens whose text this event
@@ -34,6 +40,9 @@ class TokenEvent:
 
 @dataclass
 class FinishEvent:
+    """A request's end: why it stopped, its usage and timings, and the text
+    (and its tokens' logprobs) held back until then."""
+
     reason: str                 # "stop", "length" or "cancelled"
     usage: Usage
     ttft_s: float               # arrival to first token
@@ -50,6 +59,8 @@ class FinishEvent:
 
 @dataclass
 class ErrorEvent:
+    """A request's failure: the LlmctlError it ends with."""
+
     error: LlmctlError
 
 

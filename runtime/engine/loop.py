@@ -160,6 +160,7 @@ class Engine:
 
     @property
     def alive(self) -> bool:
+        """Whether the engine thread runs and has neither failed nor been stopped."""
         return self.failure is None and not self._stopping and self._thread.is_alive()
 
     def close(self) -> None:

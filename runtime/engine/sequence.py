@@ -37,6 +37,9 @@ class Status(Enum):
 
 @dataclass
 class Sequence:
+    """One request inside the engine: its prompt, sampling and output, its slot
+    and how much of its KV is computed or reused, its status and its timestamps."""
+
     prompt: list[int]
     params: SamplingParams
     max_new: int                        # resolved max_tokens (context-capped)

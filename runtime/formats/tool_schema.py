@@ -59,6 +59,9 @@ def validate_tools(tools) -> list[dict]:
 
 @dataclass(frozen=True)
 class ToolChoice:
+    """A validated tool_choice: the mode, and the tool's name when the mode
+    is "function"."""
+
     mode: str  # "auto", "none", "required" or "function" (one named tool)
     name: str | None = None
 

@@ -17,6 +17,9 @@ from typing import Callable, Union, cast
 
 
 class ToolFormat(str, enum.Enum):
+    """The tool-call syntaxes llmctl parses, as detect_format names them from
+    a chat template."""
+
     HERMES = "hermes"    # <tool_call>{"name": …, "arguments": {…}}</tool_call>
     LLAMA3 = "llama3"    # [<|python_tag|>]{"name": …, "parameters": {…}}; …
     MISTRAL = "mistral"  # [TOOL_CALLS][{…}, …] or [TOOL_CALLS]name[ARGS]{…}
@@ -53,6 +56,9 @@ def call_id_factory(rng: random.Random | None = None) -> Callable[[], str]:
 
 @dataclass(frozen=True)
 class ToolCall:
+    """One parsed tool call in OpenAI's terms: its id, the function's name and
+    the arguments as JSON text."""
+
     id: str
     name: str
     arguments: str  # compact JSON text of an object, as OpenAI's function.arguments
@@ -64,6 +70,9 @@ class ToolCall:
 
 @dataclass
 class ParsedMessage:
+    """A whole answer parsed: its content, tool calls and reasoning text
+    (None where there is none)."""
+
     content: str | None
     tool_calls: list[ToolCall] = field(default_factory=list)
     reasoning: str | None = None
@@ -71,11 +80,15 @@ class ParsedMessage:
 
 @dataclass(frozen=True)
 class ContentDelta:
+    """Streamed answer text, outside tool calls and reasoning."""
+
     text: str
 
 
 @dataclass(frozen=True)
 class ReasoningDelta:
+    """Streamed reasoning (thinking) text."""
+
     text: str
 
 

@@ -31,6 +31,9 @@ def kv_ggml_type(name: str) -> int:
 
 @dataclass(frozen=True)
 class ContextConfig:
+    """The shape of a generation context: tokens per sequence, sequences,
+    batch sizes, threads, flash attention and the KV-cache type."""
+
     n_ctx_seq: int          # tokens each sequence may hold
     n_seq_max: int          # sequences decoded together
     n_batch: int            # most tokens in one llama_decode call

@@ -126,6 +126,7 @@ class Lease:
         self._released = False
 
     def release(self) -> None:
+        """Give the model back to the pool, once; later calls do nothing."""
         if not self._released:
             self._released = True
             self.pool._release(self.entry)

@@ -65,6 +65,9 @@ _CLOSE_TIMEOUT_S = 600              # a state is written in well under a second;
 
 @dataclass
 class Hit:
+    """A disk lookup's find: the state file, how many prompt tokens it can give,
+    and its header's CRC."""
+
     path: Path
     n: int                  # prompt tokens the stored state can give
     crc: int                # the header's CRC at lookup: load refuses a file replaced since
