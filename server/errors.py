@@ -19,6 +19,7 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_f
 
 
 def error_body(message: str, etype: str, code: str | None = None, param: str | None = None) -> dict:
+    """OpenAI's error object: {"error": {message, type, param, code}}."""
     return {"error": {"message": message, "type": etype, "param": param, "code": code}}
 
 
@@ -41,6 +42,8 @@ def error_response(e: LlmctlError, path: str = "") -> JSONResponse:
 
 
 def install(app: FastAPI) -> None:
+    """Register the handlers that answer LlmctlError, HTTP errors, a client gone
+    mid-body and any other exception (a 500) with error bodies."""
     @app.exception_handler(LlmctlError)
     async def _typed(request: Request, e: LlmctlError) -> JSONResponse:
         return error_response(e, request.url.path)

@@ -16,6 +16,8 @@ router = APIRouter()
 
 @router.get("/health")
 async def health(request: Request):
+    """GET /health: "ok" with the loaded models, else 503 with "loading" or
+    "error" and why."""
     state = state_of(request)
     status, why = state.health()
     if status != "ok":
@@ -37,6 +39,7 @@ async def models(request: Request):
 
 @router.get("/metrics")
 async def metrics(request: Request):
+    """GET /metrics: every model's counters, in Prometheus' text format."""
     pool = state_of(request).pool
     # Every model's counters, and those of models already unloaded.
     return PlainTextResponse(render_metrics(pool.stats(), len(pool.loaded())),
@@ -45,6 +48,7 @@ async def metrics(request: Request):
 
 @router.get("/stats")
 async def stats(request: Request):
+    """GET /stats: the pool's counters, each loaded model's, and the workers'."""
     state = state_of(request)
     per_model = {e.name: e.llm.stats().as_dict() for e in state.pool.loaded() if e.llm}
     return {"model": state.default, **state.pool.stats().as_dict(), "models": per_model,
@@ -55,6 +59,8 @@ async def stats(request: Request):
 # exact token counts against any server that speaks them.
 @router.post("/tokenize")
 async def tokenize(request: Request):
+    """POST /tokenize (llama-server's): `content` as token ids. Answers 400
+    (InvalidParams) for a non-string content or model, and what ServerState.lease raises."""
     body = await json_body(request)
     content = body.get("content")
     if not isinstance(content, str):
@@ -69,6 +75,9 @@ async def tokenize(request: Request):
 
 @router.post("/detokenize")
 async def detokenize(request: Request):
+    """POST /detokenize (llama-server's): `tokens` as text. Answers 400
+    (InvalidParams) for anything but a list of the model's token ids or a non-string
+    model, and what ServerState.lease raises."""
     body = await json_body(request)
     with await state_of(request).lease(_model_field(body)) as lease:
         llm = lease.llm

@@ -70,6 +70,8 @@ def check_settings() -> None:
 
 
 def check_port(host: str, port: int) -> None:
+    """Check that `host:port` can be bound. Raises UsageError when the port is
+    in use or cannot be listened on (with the OSError's reason)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -40,6 +40,9 @@ class HttpPolicy:
 
 @dataclass
 class ServerState:
+    """What the server keeps between requests: the pool, the default model,
+    the HTTP policy, sampling defaults, the reasoning format and the preload's state."""
+
     pool: ModelPool
     default: str | None = None          # the model of a request that names none
     policy: HttpPolicy = field(default_factory=HttpPolicy)
@@ -199,5 +202,6 @@ async def leased(lease: Lease, respond: Awaitable[Response]) -> Response:
 
 
 def state_of(request: Request) -> ServerState:
+    """The ServerState of the app serving `request`."""
     return request.app.state.llmctl
 

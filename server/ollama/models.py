@@ -75,6 +75,8 @@ def _local_models(named: list[ResolvedModel]) -> list[dict]:
 
 @router.get("/api/tags")
 async def tags(request: Request):
+    """GET /api/tags: the models in the store and those on the command line, in
+    Ollama's shape."""
     pool = state_of(request).pool
     named = [pool.resolve(name) for name in pool.named()]
     return {"models": await run_on(state_of(request).workers.query, _local_models, named)}
@@ -112,6 +114,7 @@ def _expiry(entry: Loaded, now: float) -> str:
 
 @router.get("/api/ps")
 async def ps(request: Request):
+    """GET /api/ps: the loaded models in Ollama's shape, with llmctl's figures."""
     state = state_of(request)
     loaded = [(e, e.llm) for e in state.pool.loaded() if e.llm is not None]
     return {"models": await run_on(state.workers.query,
@@ -120,6 +123,7 @@ async def ps(request: Request):
 
 @router.get("/api/version")
 async def version():
+    """GET /api/version: llmctl's version."""
     return {"version": __version__}
 
 
@@ -169,6 +173,8 @@ def _show(resolved: ResolvedModel, defaults, n_ctx: int | None) -> dict:
 
 @router.post("/api/show")
 async def show(request: Request):
+    """POST /api/show: one model's template, parameters and GGUF metadata.
+    Answers 400 without a model name and 404 (ModelNotFound) for an unknown one."""
     state = state_of(request)
     name = _model_name(await json_body(request))
     resolved = await run_on(state.workers.resolve, resolve_request, state.pool, name)
@@ -187,6 +193,9 @@ def _texts(value) -> list[str]:
 
 @router.post("/api/embed")
 async def embed(request: Request):
+    """POST /api/embed: embeddings of `input` (a string or strings), in Ollama's
+    shape. Answers 400 (InvalidParams) for a bad field or option, and what
+    ServerState.lease and embed_texts raise."""
     from llmctl.runtime.embed import embed_texts
     from llmctl.server.watch import embed_watched
 

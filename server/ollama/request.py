@@ -74,6 +74,7 @@ class OllamaRoute(APIRoute):
 
 
 def error(message: str, status: int, headers: dict | None = None) -> JSONResponse:
+    """Ollama's error response: {"error": message} with `status`."""
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 

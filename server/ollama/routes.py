@@ -76,11 +76,15 @@ class _Request:
 
 @router.post("/api/chat")
 async def chat(request: Request):
+    """POST /api/chat: Ollama's chat, as NDJSON lines or one object; empty
+    `messages` load or unload the model."""
     return await _handle(request, chat=True, start=time.monotonic())
 
 
 @router.post("/api/generate")
 async def generate(request: Request):
+    """POST /api/generate: Ollama's completion of `prompt`, as NDJSON lines or
+    one object; an empty prompt loads or unloads the model."""
     return await _handle(request, chat=False, start=time.monotonic())
 
 

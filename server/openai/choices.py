@@ -11,6 +11,8 @@ from llmctl.server.chat_output import ChatShaper
 
 
 def finish_reason(reason: str) -> str:
+    """OpenAI's finish_reason for an engine's: "stop" or "length" (anything else
+    is "stop")."""
     # "cancelled" never reaches a connected client; map defensively anyway.
     return reason if reason in ("stop", "length") else "stop"
 

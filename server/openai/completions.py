@@ -139,6 +139,8 @@ class _Reply:
 
 
 def usage_dict(usage: Usage) -> dict:
+    """`usage` in OpenAI's shape, the cached prompt tokens under
+    prompt_tokens_details."""
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,

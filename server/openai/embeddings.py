@@ -29,6 +29,9 @@ _DEFAULTS = {"normalize": True}
 
 @dataclass(frozen=True)
 class EmbeddingRequest:
+    """A validated /v1/embeddings request: texts or token arrays, the output
+    encoding, dimensions, truncation and keep_alive."""
+
     model: str | None
     texts: list[str] | None         # either texts
     tokens: list[list[int]] | None  # ... or token arrays
@@ -85,6 +88,9 @@ def _encode(vector: list[float], as_base64: bool):
 
 @router.post("/v1/embeddings")
 async def embeddings(request: Request):
+    """POST /v1/embeddings: the inputs' vectors as floats or base64, in
+    OpenAI's shape. Answers 400 (InvalidParams) for a bad field, and what
+    ServerState.lease and embed_texts raise."""
     req = parse_embedding_request(await json_body(request))
     lease = await state_of(request).lease(req.model, req.keep_alive)
     try:
