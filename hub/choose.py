@@ -22,6 +22,8 @@ SAFETENSORS_SIDECARS = ("config.json", "generation_config.json", "tokenizer.json
 
 @dataclass(frozen=True)
 class RemoteFile:
+    """One file of a Hub repo: path, size, LFS sha256 and git blob id."""
+
     path: str
     size: int
     sha256: str | None = None     # LFS oid; None for small git-stored files
@@ -35,6 +37,9 @@ class RemoteFile:
 
 @dataclass
 class Selection:
+    """What a pull brings: the files, the first file of each GGUF model among
+    them, and the kind."""
+
     files: list[RemoteFile]
     ggufs: list[str]              # first file of each selected GGUF model
     kind: str                     # "gguf" or "safetensors" or "files"
@@ -55,6 +60,8 @@ def gguf_units(files: list[RemoteFile]) -> dict[str, list[RemoteFile]]:
 
 
 def quant_of(path: str) -> str | None:
+    """The quant tag in a file's name (Q4_K_M, IQ3_XS, BF16, ...), upper-cased;
+    None without one."""
     found = _QUANT_RE.findall(path.rsplit("/", 1)[-1])
     return found[-1].upper() if found else None
 

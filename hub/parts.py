@@ -14,12 +14,17 @@ MIB = 1 << 20
 
 
 def part_size_for(size: int, connections: int) -> int:
+    """The part size for a `size`-byte download over `connections`: about four
+    parts per connection, within 1 to 32 MiB."""
     # Several parts per connection, so the last ones do not leave most
     # connections idle; at least 1 MiB so request overhead stays small.
     return max(MIB, min(32 * MIB, -(-size // (connections * 4))))
 
 
 class Parts:
+    """A download's parts and the bytes of each on disk, kept in a JSON sidecar
+    beside the data file. save() raises OSError."""
+
     def __init__(self, data: Path, etag: str, size: int, part_size: int,
                  done: list[int] | None = None):
         self.data, self.etag, self.size, self.part_size = data, etag, size, part_size

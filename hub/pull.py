@@ -33,6 +33,9 @@ DEFAULT_CONNECTIONS = 16
 
 @dataclass
 class PulledFile:
+    """One file of a pull: its repo path, size, sha256, local path and whether
+    it was complete on disk already."""
+
     path: str
     size: int
     sha256: str | None
@@ -42,6 +45,9 @@ class PulledFile:
 
 @dataclass
 class PullResult:
+    """What a pull did: the reference, repo, revision and commit, its files and
+    the names it registered, and its byte and time figures."""
+
     reference: str
     repo_id: str
     revision: str

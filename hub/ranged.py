@@ -41,6 +41,10 @@ def _connect(url: str, timeout: float) -> http.client.HTTPConnection:
 
 
 class RangeDownload:
+    """One file fetched in parts over parallel ranged connections, resumable
+    through `parts`. run() raises HubError when a part fails past its retries or the
+    server ignores ranges, and the first other error a connection hits."""
+
     def __init__(self, url: str, headers: dict[str, str], parts: Parts, connections: int,
                  on_bytes: Callable[[int], None] = lambda n: None):
         self.url, self.headers, self.parts = url, headers, parts

@@ -14,6 +14,9 @@ _REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 @dataclass(frozen=True)
 class Reference:
+    """A parsed pull reference: the name as typed, the Hub repo, and a quant
+    tag or an exact file."""
+
     name: str                 # the reference as typed; the store name after the pull
     repo_id: str
     tag: str | None = None    # quant tag, matched against GGUF file names
@@ -21,6 +24,8 @@ class Reference:
 
 
 def parse_reference(text: str) -> Reference:
+    """`text` as a models.toml name or `[hf.co/]ORG/REPO[:QUANT]`. Raises
+    UsageError for anything else or an empty tag, and what load_registry raises."""
     text = text.strip()
     spec = load_registry().get(text)
     if spec is not None:

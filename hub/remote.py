@@ -24,10 +24,13 @@ LOGIN_HINT = "log in with `hf auth login` or set HF_TOKEN"
 
 
 def endpoint() -> str:
+    """The Hub's base URL: HF_ENDPOINT as set now, else huggingface_hub's."""
     return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
 
 
 def offline() -> bool:
+    """Whether the Hub is off limits: HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) as
+    set now, else huggingface_hub's setting."""
     raw = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
     if raw is None:
         return bool(constants.HF_HUB_OFFLINE)
@@ -35,6 +38,7 @@ def offline() -> bool:
 
 
 def token() -> str | None:
+    """The Hub token huggingface_hub finds (HF_TOKEN or a login), or None."""
     from huggingface_hub import get_token
 
     return get_token()
@@ -42,6 +46,8 @@ def token() -> str | None:
 
 @dataclass
 class RepoListing:
+    """A repo's files at one commit."""
+
     repo_id: str
     commit: str
     files: list[RemoteFile]
@@ -82,6 +88,9 @@ def list_repo(repo_id: str, revision: str | None) -> RepoListing:
 
 @dataclass
 class FileSource:
+    """Where to download one file: the URL after redirects, size, ETag,
+    whether Xet serves it, and the headers to send."""
+
     url: str          # where the bytes are, after the Hub's redirects
     size: int | None
     etag: str | None
@@ -90,6 +99,8 @@ class FileSource:
 
 
 def file_source(repo_id: str, commit: str, path: str) -> FileSource:
+    """Where `path` of `repo_id` at `commit` is served, from the Hub's file
+    metadata. Raises HubError (see hub_error) when the Hub refuses or is unreachable."""
     url = hf_hub_url(repo_id, path, revision=commit, endpoint=endpoint())
     tok = token()
     try:

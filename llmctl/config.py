@@ -43,6 +43,8 @@ def home() -> Path:
 
 
 def models_dir() -> Path:
+    """Where the store writes model files it makes (joined parts, quantized
+    models): `models` under the home."""
     return home() / "models"
 
 
@@ -54,6 +56,7 @@ def cache_dir() -> Path:
 
 
 def models_toml() -> Path:
+    """The registry file: LLMCTL_MODELS_TOML, else the one shipped with llmctl."""
     override = env("MODELS_TOML")
     if override:
         return Path(override)

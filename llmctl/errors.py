@@ -58,6 +58,8 @@ class TemplateError(UsageError):
 
 
 class AuthError(LlmctlError):
+    """A missing or wrong API key."""
+
     exit_code = 3
     http_status = 401
     error_type = "authentication_error"
@@ -74,6 +76,8 @@ class Forbidden(LlmctlError):
 
 
 class QueueFull(LlmctlError):
+    """The engine's request queue is full; retry shortly."""
+
     exit_code = 4
     http_status = 429
     error_type = "rate_limit_error"
@@ -94,6 +98,8 @@ class IntegrityError(LlmctlError):
 
 
 class DiskSpaceError(LlmctlError):
+    """Not enough free disk space for what is about to be written."""
+
     exit_code = 7
     http_status = 507
     error_type = "insufficient_storage"

@@ -30,6 +30,9 @@ GGUF_MAGIC = b"GGUF"
 
 @dataclass
 class TensorInfo:
+    """One tensor of a GGUF header: name, shape (ne0 first), ggml type and
+    offset in the data section."""
+
     name: str
     shape: tuple[int, ...]      # GGUF order: ne0 (row length) first
     type: int                   # ggml_type
@@ -50,6 +53,9 @@ class TensorInfo:
 
 @dataclass
 class GGUFHeader:
+    """A parsed GGUF header: version, metadata, tensor infos and where the
+    data section starts."""
+
     path: Path
     version: int = 3
     metadata: dict[str, Any] = field(default_factory=dict)   # arrays only if asked for

@@ -53,6 +53,9 @@ def kv_cache_bytes(n_ctx: int, n_head_kv: int, head_dim: int, n_layers: int = 1,
 
 @dataclass
 class GGUFInfo:
+    """What llmctl reads of a GGUF: architecture, name, parameter count, quant,
+    context length, layer and attention shape, chat template and file size."""
+
     architecture: str
     name: str
     parameters: int

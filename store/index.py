@@ -16,6 +16,9 @@ from llmctl.store.gguf_info import read_gguf_info
 
 @dataclass
 class ModelEntry:
+    """One model in the store index: name, file, size, sha256, GGUF summary,
+    source, when it was added, and whether the store owns the file."""
+
     name: str
     path: str
     size: int
@@ -36,6 +39,10 @@ class ModelEntry:
 
 
 class StoreIndex:
+    """The store's index.json under `root` (default: the home). Reads treat a
+    damaged file as empty; writes are atomic under a lock and raise OSError, remove()
+    ModelNotFound for a name not in it, register_file() BadModelFile."""
+
     def __init__(self, root: Path | None = None):
         self.root = Path(root) if root else config.home()
         self.path = self.root / "index.json"

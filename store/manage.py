@@ -17,11 +17,16 @@ from llmctl.store.resolve import resolve_model
 
 @dataclass
 class Listing:
+    """What `llmctl list` shows: the store's models whose file is there, and the
+    registry's models not yet in the store."""
+
     local: list[ModelEntry]
     available: list[dict]       # registry names not yet in the store
 
 
 def list_models(index: StoreIndex | None = None) -> Listing:
+    """The store's models whose file is there, and the registry's other names.
+    Raises UsageError for a missing or malformed models.toml."""
     index = index or StoreIndex()
     local = [e for e in index.list() if Path(e.path).is_file()]
     names = {e.name for e in local}

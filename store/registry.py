@@ -16,6 +16,10 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 @dataclass(frozen=True)
 class RegistryModel:
+    """One models.toml entry: the Hub repo and file or quant, context and
+    template defaults, offline sources (a package or part packages), the pinned
+    sha256 and the default draft."""
+
     name: str
     repo: str
     file: str | None = None
@@ -48,6 +52,8 @@ class RegistryModel:
 
 @dataclass(frozen=True)
 class Registry:
+    """models.toml as read: the default model's name and the models by name."""
+
     default: str
     models: dict[str, RegistryModel]
 
@@ -106,6 +112,8 @@ def _load(path: Path, mtime: float) -> Registry:
 
 
 def load_registry() -> Registry:
+    """models.toml (LLMCTL_MODELS_TOML or the shipped one), re-read when it
+    changes. Raises UsageError when it is missing, unreadable or malformed."""
     path = config.models_toml()
     try:
         mtime = path.stat().st_mtime

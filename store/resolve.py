@@ -19,6 +19,9 @@ from llmctl.store.registry import RegistryModel, load_registry
 
 @dataclass
 class ResolvedModel:
+    """A MODEL argument resolved: its name, the GGUF path, the registry's
+    context and template overrides, and its store entry if it has one."""
+
     name: str
     path: Path
     context: int | None = None          # registry default; None = model's own
@@ -27,6 +30,8 @@ class ResolvedModel:
 
 
 def default_model_name() -> str:
+    """The model used when none is named: LLMCTL_MODEL, else the registry's
+    default. Raises what load_registry raises."""
     return config.env("MODEL") or load_registry().default
 
 
