@@ -48,7 +48,7 @@ NoPrefixCache = Annotated[bool, typer.Option(
 FlashAttnOpt = Annotated[FlashAttn, typer.Option(
     "--flash-attn", envvar="LLMCTL_FLASH_ATTN",
     help="auto: off while the prefix cache is on, so output is token-identical at any "
-         "concurrency (on with a quantized --kv-type, which needs it); on is ~15% faster: "
+         "concurrency (on with a quantized --kv-type, which needs it); on can be faster: "
          "cache hits stay exact, but logits depend on which requests run together.")]
 PrefixCacheSize = Annotated[float, typer.Option(
     "--prefix-cache-size", min=0.0, envvar="LLMCTL_PREFIX_CACHE_SIZE",
