@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`llmctl cluster` benchmark, side by side in one run (issue 15).
+"""`llmctl cluster` benchmark, side by side in one run.
 
 A multi-tenant workload: 8 tenants, each with its own ~800-token system
 prompt, 64 streamed chat requests (8 per tenant, in a shuffled order) at

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Loading on demand, measured side by side in one run (issue 13).
+"""Loading on demand, measured side by side in one run.
 
 1. Cold model: the time to the first token of the first request to a model
    the server has not loaded (`llmctl serve` started with no model), against

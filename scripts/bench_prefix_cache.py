@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prefix-cache benchmark against `llmctl serve`, in one run (issue 7).
+"""Prefix-cache benchmark against `llmctl serve`, in one run.
 
 1. TTFT: ~1000 shared + ~20 distinct prompt tokens, 16 generated. Cold
    (fresh cache dir), memory hit (another suffix, same server), disk hit

@@ -5,7 +5,7 @@ CDN caps each stream), serving the ~98 MB default model file.
 
     .venv/bin/python scripts/bench_pull.py [--cap-mbps 10] [--connections 16]
 
-Targets (issue 3): llmctl >= 5x faster than hf_hub_download, and its
+Targets: llmctl >= 5x faster than hf_hub_download, and its
 transfer rate >= 80% of cap x connections."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What checking guessed tokens costs, and whether it is exact, measured
-with the backend on one model (issue 14): the time of one llama_decode of
+with the backend on one model: the time of one llama_decode of
 1, 2, 3, 5 and 9 rows after a 200-token prompt (a decode step, and a step
 that checks 1-8 guesses), and the largest logit difference between rows
 decoded one at a time and the same rows decoded together (and between a

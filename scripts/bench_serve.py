@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Serving throughput and latency, side by side in one run: `llmctl serve`
 against llama.cpp's llama-server and llama-cpp-python's server, same model,
-same threads, same workload (issue 6).
+same threads, same workload.
 
 Workload: prompts of ~130 tokens (unique per request), 128 generated tokens
 with ignore_eos; concurrency 1 (8 requests) and 16 (32 requests). Servers run

@@ -5,7 +5,7 @@ turns within each round, so a noisy machine slows all of them alike.
 
     .venv/bin/python scripts/bench_startup.py [--rounds 9] [--json]
 
-Target (issue 10): --version and --help under 300 ms once set up."""
+Target: --version and --help under 300 ms once set up."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 """Tool calls and JSON-schema answers, side by side in one run: `llmctl
 serve` against llama.cpp's `llama-server --jinja` on the same GGUF, same
 threads, similar slots, same prompts through the official openai client
-(temperature 0, a fixed seed per prompt) (issue 12).
+(temperature 0, a fixed seed per prompt).
 
 Workload: tool-call prompts over four tools (nested objects, enums, arrays,
 required fields) with tool_choice "auto", "required" and a named function;

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Fault load, side by side in one run: `llmctl serve` and llama.cpp's
-llama-server under clients that hang up and bodies that are wrong (issue 11).
+llama-server under clients that hang up and bodies that are wrong.
 
 Both serve the bundled SmolLM2 with 16 slots of 512 tokens and the same
 threads, one after the other, each with the whole machine. Per server:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where an engine step's time goes on a small model (issue 14): the share
+"""Where an engine step's time goes on a small model: the share
 spent inside llama_decode against the Python around it (scheduling, batch
 building, sampling, detokenizing, hand-offs), in process at concurrency 16;
 then, through `llmctl serve` under the same load, the CPU time of each OS

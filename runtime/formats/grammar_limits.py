@@ -12,8 +12,8 @@ the rules of one finished schema:
 - inside a recursive `$ref`, a union whose alternatives can begin with the
   same character and both lead back into the recursion makes llama.cpp keep
   one parse stack per live alternative at every level, so the stacks
-  multiply with nesting depth (issue #20, finding 2: 8 alternatives starting
-  with `[` took seconds by the fourth `[` and never finished the fifth);
+  multiply with nesting depth (8 alternatives starting with `[` grow the
+  work with each `[`: docs/limits.md has the figures);
 - outside recursion the same multiplication is bounded by the schema's
   depth, but an anyOf of 8 arrays of an anyOf of 8 arrays ... still grows as
   8^depth, so the number of parses that can be live at once is bounded too.

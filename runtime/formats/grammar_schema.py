@@ -1,8 +1,8 @@
 """The JSON Schema side of grammar.py's converter: the keywords it knows,
 the schema size check, and allOf merged into one schema, with $refs inlined
 and a $ref that returns to itself refused instead of followed forever
-(issue #20, finding 1: `{"$defs": {"a": {"$ref": "#/$defs/a"}}, "allOf":
-[{"$ref": "#/$defs/a"}]}` used to spin the server's event loop for good)."""
+(`{"$defs": {"a": {"$ref": "#/$defs/a"}}, "allOf": [{"$ref": "#/$defs/a"}]}`
+would otherwise be expanded forever)."""
 
 from __future__ import annotations
 
