@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from llmctl.server import errors, info_routes, middleware
 from llmctl.server.ollama import routes as ollama
 from llmctl.server.openai import completions, embeddings
+from llmctl.server.responses import routes as responses
 from llmctl.server.state import ServerState
 
 
@@ -36,4 +37,5 @@ def create_app(state: ServerState, bind_host: str | None = None) -> FastAPI:
     app.include_router(completions.router)
     app.include_router(embeddings.router)
     app.include_router(ollama.router)
+    app.include_router(responses.router)
     return app
