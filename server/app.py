@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from llmctl.server import errors, info_routes, middleware
+from llmctl.server.anthropic import routes as anthropic
 from llmctl.server.ollama import routes as ollama
 from llmctl.server.openai import completions, embeddings
 from llmctl.server.responses import routes as responses
@@ -38,4 +39,5 @@ def create_app(state: ServerState, bind_host: str | None = None) -> FastAPI:
     app.include_router(embeddings.router)
     app.include_router(ollama.router)
     app.include_router(responses.router)
+    app.include_router(anthropic.router)
     return app
