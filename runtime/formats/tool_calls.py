@@ -13,7 +13,10 @@ tool calls.
 Hermes models (Qwen2.5 among them) also write calls as a Markdown code
 block that opens the answer, as llama.cpp's Hermes parser accepts: ```json
 (or ```, ```xml, ```tool_call) around a call object, an array of them, or
-<tool_call> blocks. A fence anywhere else is the answer's own code.
+<tool_call> blocks. A fence anywhere else is the answer's own code. Small
+ones write a bare call object as their whole answer, too: an answer that
+opens with `{"name":` is read as calls, one object after another; JSON
+whose first key is another stays content.
 
 Validation of the request's `tools`/`tool_choice` is in tool_schema.py."""
 
@@ -69,6 +72,10 @@ _SEPARATORS = " \t\r\n;"
 _FENCE = "```"
 _FENCE_LANGS = ("json", "xml", "tool_call")
 _FENCE_OPEN = re.compile(r"```[ \t]*(?:json|xml|tool_call)?[ \t]*\r?\n", re.IGNORECASE)
+# A bare call object opening a Hermes answer (tool_shapes.CALL_OPENING): its
+# first key is "name". Other JSON (another first key, an array) is content.
+_BARE_CALL = re.compile(r'\{\s*"name"\s*:')
+_BARE_CALL_SO_FAR = re.compile(r'\{\s*(?:"(?:n(?:a(?:m(?:e(?:"\s*)?)?)?)?)?)?')
 _FENCE_OPEN_SO_FAR = re.compile(
     r"`{0,3}|```[ \t]*(?:%s)|```[ \t]*(?:json|xml|tool_call)?[ \t]*\r?"
     % "|".join(lang[:n] for lang in _FENCE_LANGS for n in range(1, len(lang))), re.IGNORECASE)
@@ -217,6 +224,8 @@ class ToolCallStream:
         fence opening a call, or content. Until the fence line and the first
         character of its body decide, the text is held back."""
         head = self._buf.lstrip()
+        if head.startswith("{"):
+            return self._bare_opening(head, final)
         m = _FENCE_OPEN.match(head)
         if m is None:
             if not final and _FENCE_OPEN_SO_FAR.fullmatch(head):
@@ -235,6 +244,26 @@ class ToolCallStream:
         if not final and "<tool_call>".startswith(body):
             return False
         return self._open_section("content", "")
+
+    def _bare_opening(self, head: str, final: bool) -> bool:
+        """A call object without tag or fence, or (another first key) content."""
+        if _BARE_CALL.match(head):
+            self._open_section("bare", "")
+            self._scan = Brackets(len(self._buf) - len(head))
+            return True
+        if not final and _BARE_CALL_SO_FAR.fullmatch(head):
+            return False
+        return self._open_section("content", "")
+
+    def _in_bare(self, final: bool) -> bool:
+        # Not a call after all (no arguments, a name outside the tools,
+        # malformed): the text is read again as content, unchanged.
+        start, end, wait = self._json_at(final)
+        if wait:
+            return False
+        if end is None:
+            return self._fail()
+        return self._accept(start, end, end, "fence")
 
     def _in_fenced_json(self, final: bool) -> bool:
         # Nothing but whitespace may sit between the JSON and the closing
