@@ -145,9 +145,7 @@ def test_stop_sequences(client):
                stop_sequences=["5"])
     text = m.content[0].text
     assert "4" in text and "5" not in text
-    # The runtime does not yet say which stop string ended an answer; once
-    # it does, this is "stop_sequence" with the string.
-    assert (m.stop_reason, m.stop_sequence) in (("stop_sequence", "5"), ("end_turn", None))
+    assert (m.stop_reason, m.stop_sequence) == ("stop_sequence", "5")
 
 
 def test_output_config_format(client):

@@ -40,10 +40,8 @@ def stop_reason(shaper: ChatShaper, finish: FinishEvent) -> tuple[str, str | Non
         return "tool_use", None
     if finish.reason == "length":
         return "max_tokens", None
-    # The stop string that ended the answer, where the runtime reports it.
-    stop = getattr(finish, "stop", None)
-    if finish.reason == "stop" and isinstance(stop, str) and stop:
-        return "stop_sequence", stop
+    if finish.reason == "stop" and finish.stop:
+        return "stop_sequence", finish.stop
     return "end_turn", None
 
 
