@@ -1,7 +1,8 @@
 """The FastAPI application: error mapping, access control and the routes.
-Handlers live in info_routes.py, openai/ and ollama/ (Ollama's /api/*);
-both protocols generate through generation.py, and the generation itself
-is the runtime's."""
+Handlers live in info_routes.py and one folder per protocol: openai/
+(chat and text completions, embeddings), responses/ (OpenAI's Responses),
+anthropic/ (Anthropic's Messages) and ollama/ (Ollama's /api/*). Every
+protocol generates through generation.py; the generation is the runtime's."""
 
 from __future__ import annotations
 
