@@ -290,7 +290,8 @@ def tool_call_grammar(tools: list[dict], style: str = "hermes", *, parallel: boo
     For tool_choice "auto" pass grammar_triggers=("<tool_call>",) with it, so
     the model may answer in free text instead. `openings` also admits one
     call object without the tag, bare or in a ```/```json fence (see
-    tool_shapes.CALL_OPENING, the trigger that starts it). Raises
+    tool_shapes.CALL_OPENING, the trigger that starts it), and any text
+    after it: the parser reads such a call only as the whole answer. Raises
     InvalidParams (param "tools") for an unknown style, a malformed tool or
     an unsupported or too costly schema (as json_schema_grammar)."""
     if style != "hermes":
@@ -315,10 +316,13 @@ def tool_call_grammar(tools: list[dict], style: str = "hermes", *, parallel: boo
             for i, (name, args) in enumerate(heads)))
         fenced = conv.add("fenced", rf'"```" [ \t]{{0,4}} "json"? [ \t]{{0,4}} "\r"? "\n" {ws} '
                                     rf'{bare} "\n```"')
-        # One untagged call: after it, "\n{" is as likely other JSON (a small
-        # model echoing a tool's result) as a second call, and a grammar that
-        # read it as one would hold the model in calls until max_tokens.
-        root = f"({root}) | {bare} | {fenced}"
+        # One untagged call, then free text: it is a call only as the whole
+        # answer (tool_calls.py), so the model may stop after it, as it does
+        # for a first call, or go on: a small model echoes its last call
+        # after a tool's result and then answers, and a grammar that ended
+        # there (or read "\n{" as a second call) would cut that answer off.
+        free = conv.add("free-text", "[^\\x00]*")
+        root = f"({root}) | {bare} {free} | {fenced} {free}"
     conv.rules["root"] = root
     return conv.grammar()
 
