@@ -1,7 +1,8 @@
 """The FastAPI application: error mapping, access control and the routes.
-Handlers live in info_routes.py, openai/ and ollama/ (Ollama's /api/*);
-both protocols generate through generation.py, and the generation itself
-is the runtime's."""
+Handlers live in info_routes.py and one folder per protocol: openai/
+(chat and text completions, embeddings), responses/ (OpenAI's Responses),
+anthropic/ (Anthropic's Messages) and ollama/ (Ollama's /api/*). Every
+protocol generates through generation.py; the generation is the runtime's."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from llmctl.server import errors, info_routes, middleware
+from llmctl.server.anthropic import routes as anthropic
 from llmctl.server.ollama import routes as ollama
 from llmctl.server.openai import completions, embeddings
+from llmctl.server.responses import routes as responses
 from llmctl.server.state import ServerState
 
 
@@ -36,4 +39,6 @@ def create_app(state: ServerState, bind_host: str | None = None) -> FastAPI:
     app.include_router(completions.router)
     app.include_router(embeddings.router)
     app.include_router(ollama.router)
+    app.include_router(responses.router)
+    app.include_router(anthropic.router)
     return app

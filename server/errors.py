@@ -1,5 +1,6 @@
-"""Every failure leaves the server as OpenAI's error body, with the status
-its error type maps to. Unknown exceptions are the only 500s."""
+"""Every failure leaves the server in its route's error shape (OpenAI's;
+Ollama's on /api/*; Anthropic's on /v1/messages), with the status its
+error type maps to. Unknown exceptions are the only 500s."""
 
 from __future__ import annotations
 
@@ -34,8 +35,40 @@ def _ollama(path: str) -> bool:
     return path.startswith("/api/")
 
 
+def _anthropic(path: str) -> bool:
+    # Anthropic's clients read {"type": "error", "error": {"type", "message"}}.
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+# Anthropic's error types by status; 529 is its "overloaded".
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                    403: "permission_error", 404: "not_found_error",
+                    405: "invalid_request_error", 413: "request_too_large",
+                    429: "rate_limit_error", 529: "overloaded_error"}
+
+
+def anthropic_status(status: int, e: LlmctlError | None = None) -> int:
+    """The status an Anthropic client gets for `status`: a full queue and
+    the 503s that pass on their own (busy, loading, a lost replica) are its
+    529 "overloaded", which its clients retry."""
+    if isinstance(e, QueueFull) or status == 503:
+        return 529
+    return status
+
+
+def anthropic_body(message: str, status: int) -> dict:
+    """Anthropic's error object for a response of `status` (after
+    anthropic_status): {"type": "error", "error": {"type", "message"}}."""
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"),
+                                       "message": message}}
+
+
 def error_response(e: LlmctlError, path: str = "") -> JSONResponse:
     """`e` as a response in the shape the route's clients read (`path`)."""
+    if _anthropic(path):
+        status = anthropic_status(e.http_status, e)
+        return JSONResponse(anthropic_body(e.message, status), status_code=status,
+                            headers=retry_headers(e))
     body = {"error": e.message} if _ollama(path) else \
         error_body(e.message, e.error_type, e.code, e.param)
     return JSONResponse(body, status_code=e.http_status, headers=retry_headers(e))
@@ -51,6 +84,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def _http(request: Request, e: HTTPException) -> JSONResponse:
         status = e.status_code
+        if _anthropic(request.url.path):
+            return JSONResponse(anthropic_body(str(e.detail), status), status_code=status,
+                                headers=getattr(e, "headers", None))
         body = {"error": str(e.detail)} if _ollama(request.url.path) else \
             error_body(str(e.detail), _TYPES.get(status, "invalid_request_error"))
         return JSONResponse(body, status_code=status, headers=getattr(e, "headers", None))
@@ -64,5 +100,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unknown(request: Request, e: Exception) -> JSONResponse:
         log.exception("internal error")
-        return JSONResponse(error_body(f"internal error: {type(e).__name__}", "server_error"),
-                            status_code=500)
+        message = f"internal error: {type(e).__name__}"
+        if _anthropic(request.url.path):
+            return JSONResponse(anthropic_body(message, 500), status_code=500)
+        return JSONResponse(error_body(message, "server_error"), status_code=500)

@@ -101,6 +101,7 @@ class Generation:
     setup: ToolSetup | None         # how to read each answer; None: plain text
     params: SamplingParams
     n: int
+    n_prompt: int = 0               # the prompt's tokens (protocols that report them up front)
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,12 @@ class Dialect(ABC):
     def frames(self, generation: Generation) -> Frames:
         """The writer of this response."""
 
+    def fit(self, params: SamplingParams, n_prompt: int, n_ctx: int) -> SamplingParams:
+        """The parameters for a prompt of `n_prompt` tokens on a context of
+        `n_ctx`, once it is tokenized: as they are, unless a protocol caps
+        max_tokens to the room left. Raises nothing of its own."""
+        return params
+
 
 async def parse_generation(request: Request, converting: tuple[str, ...],
                            parse: Callable[[dict, bool, SamplingParams], R],
@@ -186,9 +193,11 @@ async def _on_lease(request: Request, state: ServerState, req: GenerationRequest
                                          req.structured.sampling, params, llm.tool_format)
     # Rendering and tokenizing a large prompt takes a while: off the loop.
     tokens = await run_on(state.workers.render, prompt_tokens, llm, req.prompt)
+    params = dialect.fit(params, len(tokens), llm.n_ctx)
     setup = dialect.reading(PromptFacts(lease.name, llm.tool_format, llm.thinks,
                                         llm.opens_thought(tokens)))
-    frames = dialect.frames(Generation(lease.name, leased_at, setup, params, req.n))
+    frames = dialect.frames(Generation(lease.name, leased_at, setup, params, req.n,
+                                       len(tokens)))
     merged = Merged(open_streams(llm, tokens, params, req.n))
     watcher = asyncio.create_task(cancel_on_disconnect(request, merged.streams))
     if req.stream:

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from llmctl.errors import InvalidParams
+from llmctl.runtime.pool.model_pool import ModelPool
 from llmctl.server.body import json_body
 from llmctl.server.metrics import render as render_metrics
 from llmctl.server.state import state_of
@@ -33,8 +34,22 @@ async def models(request: Request):
     state = state_of(request)
     names = dict.fromkeys([e.name for e in state.pool.loaded()] + state.pool.named())
     return {"object": "list", "data": [{"id": name, "object": "model",
-                                         "created": int(state.started), "owned_by": "llmctl"}
+                                         "created": int(state.started), "owned_by": "llmctl",
+                                         **_context(state.pool, name)}
                                         for name in names]}
+
+
+def _context(pool: ModelPool, name: str) -> dict:
+    """Tokens per sequence, under vLLM's and LM Studio's names: the loaded
+    model's; else --ctx-size or its registry default (null when only the
+    file will say, once it loads)."""
+    loaded = next((e.llm for e in pool.loaded() if e.name == name and e.llm), None)
+    if loaded is not None:
+        n_ctx: int | None = loaded.n_ctx
+    else:
+        named = pool.named_model(name)
+        n_ctx = pool.opts.ctx_size or (named.context if named else None)
+    return {"context_length": n_ctx, "max_model_len": n_ctx}
 
 
 @router.get("/metrics")

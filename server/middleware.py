@@ -104,7 +104,8 @@ class AccessGuard:
     """The API key and the body cap.
 
     With policy.api_key set, every route but /health (and /metrics when
-    policy.metrics_public) needs `Authorization: Bearer KEY`, else 401.
+    policy.metrics_public) needs `Authorization: Bearer KEY` or `x-api-key:
+    KEY`, else 401.
     A body over policy.max_body_bytes is a 413: at once when Content-Length
     says so, else as soon as the streamed chunks pass the cap. The guard
     then answers the 413 itself and tells the app the client is gone
@@ -133,6 +134,8 @@ class AccessGuard:
         if key and scope["path"] not in self.open_paths:
             header = headers.get("authorization", "")
             token = header[7:].strip() if header[:7].lower() == "bearer " else ""
+            # Anthropic's clients send the key as x-api-key instead.
+            token = token or headers.get("x-api-key", "").strip()
             if not secrets.compare_digest(token.encode(), key.encode()):
                 return AuthError("invalid or missing API key")
         length = headers.get("content-length", "").strip()

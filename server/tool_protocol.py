@@ -12,13 +12,16 @@ from llmctl.errors import InvalidParams
 from llmctl.runtime.formats.grammar import json_object_grammar, json_schema_grammar, tool_call_grammar
 from llmctl.runtime.formats.tool_calls import ToolFormat
 from llmctl.runtime.formats.tool_schema import ToolChoice, validate_tool_choice, validate_tools
+from llmctl.runtime.formats.tool_shapes import CALL_OPENING
 from llmctl.runtime.sampling import SamplingParams, parse_logit_bias
 from llmctl.server.chat_output import ToolSetup
 
 # llama-server's --reasoning-format values that llmctl implements.
 REASONING_FORMATS = ("auto", "deepseek", "none")
-# The text a Hermes-style model writes to open a call: a lazy grammar starts there.
-_TRIGGERS = {ToolFormat.HERMES: "<tool_call>"}
+# The text a Hermes-style model writes to open a call: a lazy grammar starts
+# there. Small ones often drop the tag and answer with the call object alone,
+# bare or fenced: CALL_OPENING starts the same grammar at the answer's start.
+_TRIGGERS = {ToolFormat.HERMES: ("<tool_call>", CALL_OPENING)}
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,9 @@ class Structured:
             chosen = [t for t in self.tools if t["function"]["name"] in names]
             forced = self.choice.mode in ("required", "function")
             if fmt is ToolFormat.HERMES:
-                grammar = tool_call_grammar(chosen, "hermes", parallel=self.parallel)
-                triggers = () if forced else (_TRIGGERS[fmt],)
+                grammar = tool_call_grammar(chosen, "hermes", parallel=self.parallel,
+                                            openings=not forced)
+                triggers = () if forced else _TRIGGERS[fmt]
             elif forced:
                 raise InvalidParams(f"tool_choice {self.choice.mode!r} needs a model whose "
                                     f"template writes <tool_call> blocks; this one uses "

@@ -33,3 +33,12 @@ def test_held_text_is_released_when_it_cannot_match():
 
 def test_no_stops_passes_through():
     assert StopMatcher(()).feed("abc") == ("abc", False)
+
+
+def test_the_stop_string_that_cut_is_named():
+    m = StopMatcher(("END", "5"))
+    assert m.matched is None
+    assert m.feed("1, 2, 3, 4, ") == ("1, 2, 3, 4, ", False)
+    assert m.feed("5, 6 END") == ("", True)
+    # The earliest hit in the text wins, not the first stop listed.
+    assert m.matched == "5"

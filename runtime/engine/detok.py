@@ -27,6 +27,7 @@ class StopMatcher:
 
     def __init__(self, stops: tuple[str, ...]) -> None:
         self.stops = stops
+        self.matched: str | None = None     # the stop string that was hit
         self._held = ""
         self._keep = max((len(s) for s in stops), default=1) - 1
 
@@ -35,8 +36,9 @@ class StopMatcher:
         if not self.stops:
             return text, False
         buf = self._held + text
-        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        hits = [(i, s) for s in self.stops if (i := buf.find(s)) >= 0]
+        if hits:
+            cut, self.matched = min(hits, key=lambda hit: hit[0])
             self._held = ""
             return buf[:cut], True
         hold = self._partial_suffix(buf)

@@ -50,6 +50,7 @@ class FinishEvent:
     decode_s: float = 0.0       # first token to finish
     tail: str = ""              # text released at the end (held-back bytes)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # the tail's tokens
+    stop: str | None = None     # the stop string that ended it; None for end of text
 
     @property
     def tokens_per_s(self) -> float:

@@ -301,6 +301,7 @@ class Engine:
                 stream.logprobs = []
             if hit:
                 seq.finish_reason = "stop"
+                seq.stop_string = stream.stops.matched
                 reason = "stop"
                 stream.stops = StopMatcher(())   # drop held text: it was the stop
                 stream.logprobs = []             # and these tokens wrote it
@@ -334,7 +335,7 @@ class Engine:
             reason=seq.finish_reason or reason,
             usage=Usage(len(seq.prompt), len(seq.output), seq.n_cached),
             ttft_s=first - seq.arrived, duration_s=now - seq.arrived,
-            decode_s=now - first, tail=tail, logprobs=tail_logprobs))
+            decode_s=now - first, tail=tail, logprobs=tail_logprobs, stop=seq.stop_string))
 
     def _fail(self, seq: Sequence, error: BaseException) -> None:
         """End one request with an error event; never raises."""

@@ -57,6 +57,7 @@ class Sequence:
     spec_cap: int = 64                  # most guesses its next step may check (speculation)
     cancelled: bool = False
     finish_reason: str | None = None
+    stop_string: str | None = None      # the stop string that ended it, if one did
     arrived: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     finished_at: float | None = None

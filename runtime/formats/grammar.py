@@ -280,22 +280,57 @@ def json_schema_grammar(schema: dict) -> str:
     return conv.grammar()
 
 
-def tool_call_grammar(tools: list[dict], style: str = "hermes", *, parallel: bool = False) -> str:
+def tool_call_grammar(tools: list[dict], style: str = "hermes", *, parallel: bool = False,
+                      openings: bool = False) -> str:
     """GBNF for Hermes-style tool calls: `<tool_call>\n{"name": N,
     "arguments": A}\n</tool_call>`, N one of the tools' names and A matching
     that tool's parameter schema; several calls, one per line, when
     `parallel`. `tools` are OpenAI tool objects ({"type": "function",
     "function": {"name", "parameters"}}) or their bare "function" parts.
     For tool_choice "auto" pass grammar_triggers=("<tool_call>",) with it, so
-    the model may answer in free text instead. Raises InvalidParams (param
-    "tools") for an unknown style, a malformed tool or an unsupported or
-    too costly schema (as json_schema_grammar)."""
+    the model may answer in free text instead. `openings` also admits one
+    call object without the tag, bare or in a ```/```json fence (see
+    tool_shapes.CALL_OPENING, the trigger that starts it), and any text
+    after it: the parser reads such a call only as the whole answer. Raises
+    InvalidParams (param "tools") for an unknown style, a malformed tool or
+    an unsupported or too costly schema (as json_schema_grammar)."""
     if style != "hermes":
         raise InvalidParams(f"unsupported tool-call style {style!r} (known: hermes)", param="tools")
     if not isinstance(tools, list) or not tools:
         raise InvalidParams("tools must be a non-empty list", param="tools")
     conv = _Converter({})
-    calls = []
+    heads = [(literal(name), args) for name, args in _tool_arguments(conv, tools)]
+    tail = ['space "," space', literal("arguments"), 'space ":" space']
+    calls = [conv.add(f"tool{i}", " ".join(['"{" space', literal("name"), 'space ":" space',
+                                            name, *tail, args, '"}" space']))
+             for i, (name, args) in enumerate(heads)]
+    call = conv.add("call", r'"<tool_call>\n" (' + " | ".join(calls) + r') "\n</tool_call>"')
+    root = f'{call} ("\\n" {call})*' if parallel else call
+    if openings:
+        # The head up to the name may hold what the trigger already let
+        # through (tool_shapes.CALL_OPENING): newlines and indentation.
+        ws = conv.add("head-ws", r"[ \t\r\n]{0,8}")
+        bare = conv.add("bare", " | ".join(
+            conv.add(f"bare{i}", " ".join(['"{"', ws, literal("name"), ws, '":"', ws,
+                                           name, *tail, args, '"}" space']))
+            for i, (name, args) in enumerate(heads)))
+        fenced = conv.add("fenced", rf'"```" [ \t]{{0,4}} "json"? [ \t]{{0,4}} "\r"? "\n" {ws} '
+                                    rf'{bare} "\n```"')
+        # One untagged call, then free text: it is a call only as the whole
+        # answer (tool_calls.py), so the model may stop after it, as it does
+        # for a first call, or go on: a small model echoes its last call
+        # after a tool's result and then answers, and a grammar that ended
+        # there (or read "\n{" as a second call) would cut that answer off.
+        free = conv.add("free-text", "[^\\x00]*")
+        root = f"({root}) | {bare} {free} | {fenced} {free}"
+    conv.rules["root"] = root
+    return conv.grammar()
+
+
+def _tool_arguments(conv: _Converter, tools: list[dict]) -> list[tuple[str, str]]:
+    """(name, the rule for its arguments) of each tool. Raises InvalidParams
+    (param "tools") naming the tool that is malformed or whose schema fails."""
+    out = []
     for i, tool in enumerate(tools):
         fn = tool.get("function", tool) if isinstance(tool, dict) else None
         name = fn.get("name") if isinstance(fn, dict) else None
@@ -310,12 +345,8 @@ def tool_call_grammar(tools: list[dict], style: str = "hermes", *, parallel: boo
             args = conv.visit(params, "")
             gl.check_rules(conv.shapes, args)
             conv.prefix = ""
-            calls.append(conv.add(f"tool{i}", " ".join([
-                '"{" space', literal("name"), 'space ":" space', literal(name),
-                'space "," space', literal("arguments"), 'space ":" space', args, '"}" space'])))
         except InvalidParams as e:
             raise InvalidParams(f"tools[{i}] ({name[:100]}) parameters: "
                                 + e.message.removeprefix("response_format: "), param="tools") from None
-    call = conv.add("call", r'"<tool_call>\n" (' + " | ".join(calls) + r') "\n</tool_call>"')
-    conv.rules["root"] = f'{call} ("\\n" {call})*' if parallel else call
-    return conv.grammar()
+        out.append((name, args))
+    return out

@@ -13,7 +13,13 @@ tool calls.
 Hermes models (Qwen2.5 among them) also write calls as a Markdown code
 block that opens the answer, as llama.cpp's Hermes parser accepts: ```json
 (or ```, ```xml, ```tool_call) around a call object, an array of them, or
-<tool_call> blocks. A fence anywhere else is the answer's own code.
+<tool_call> blocks. A fence anywhere else is the answer's own code. Small
+ones write a bare call object as their whole answer, too, and that is the
+only place it is a call: an answer that opens with `{"name":` is held until
+it ends; with nothing but whitespace after the object it is a call, and
+when any other text follows (a small model echoing its last call after a
+tool's result, then answering) the whole answer is content byte for byte.
+JSON whose first key is another stays content.
 
 Validation of the request's `tools`/`tool_choice` is in tool_schema.py."""
 
@@ -69,6 +75,10 @@ _SEPARATORS = " \t\r\n;"
 _FENCE = "```"
 _FENCE_LANGS = ("json", "xml", "tool_call")
 _FENCE_OPEN = re.compile(r"```[ \t]*(?:json|xml|tool_call)?[ \t]*\r?\n", re.IGNORECASE)
+# A bare call object opening a Hermes answer (tool_shapes.CALL_OPENING): its
+# first key is "name". Other JSON (another first key, an array) is content.
+_BARE_CALL = re.compile(r'\{\s*"name"\s*:')
+_BARE_CALL_SO_FAR = re.compile(r'\{\s*(?:"(?:n(?:a(?:m(?:e(?:"\s*)?)?)?)?)?)?')
 _FENCE_OPEN_SO_FAR = re.compile(
     r"`{0,3}|```[ \t]*(?:%s)|```[ \t]*(?:json|xml|tool_call)?[ \t]*\r?"
     % "|".join(lang[:n] for lang in _FENCE_LANGS for n in range(1, len(lang))), re.IGNORECASE)
@@ -106,6 +116,7 @@ class ToolCallStream:
         self._scan: Brackets | None = None
         self._head: str | None = None  # the name in Mistral's name[ARGS]{…} form
         self._fenced = False  # the current <tool_call> block is inside a code fence
+        self._held: tuple[str, list[tuple[str, str]]] | None = None  # a tagless call: its text, its calls
         self._index = 0
 
     def feed(self, text: str) -> list[Delta]:
@@ -217,6 +228,8 @@ class ToolCallStream:
         fence opening a call, or content. Until the fence line and the first
         character of its body decide, the text is held back."""
         head = self._buf.lstrip()
+        if head.startswith("{") and self._index == 0:  # only a whole answer can be bare
+            return self._bare_opening(head, final)
         m = _FENCE_OPEN.match(head)
         if m is None:
             if not final and _FENCE_OPEN_SO_FAR.fullmatch(head):
@@ -235,6 +248,26 @@ class ToolCallStream:
         if not final and "<tool_call>".startswith(body):
             return False
         return self._open_section("content", "")
+
+    def _bare_opening(self, head: str, final: bool) -> bool:
+        """A call object without tag or fence, or (another first key) content."""
+        if _BARE_CALL.match(head):
+            self._open_section("bare", "")
+            self._scan = Brackets(len(self._buf) - len(head))
+            return True
+        if not final and _BARE_CALL_SO_FAR.fullmatch(head):
+            return False
+        return self._open_section("content", "")
+
+    def _in_bare(self, final: bool) -> bool:
+        # Not a call after all (no arguments, a name outside the tools,
+        # malformed): the text is read again as content, unchanged.
+        start, end, wait = self._json_at(final)
+        if wait:
+            return False
+        if end is None:
+            return self._fail()
+        return self._hold(start, end, end)
 
     def _in_fenced_json(self, final: bool) -> bool:
         # Nothing but whitespace may sit between the JSON and the closing
@@ -255,6 +288,32 @@ class ToolCallStream:
         else:  # the output ended inside the fence: the call stands, as an unclosed <tool_call>
             stop = len(self._buf)
         return self._accept(start, end, stop, "fence")
+
+    def _hold(self, start: int, end: int, stop: int) -> bool:
+        """A tagless call in buf[start:end], ending at buf[:stop]: held until
+        what follows decides it, or content when it is not a call."""
+        calls = self._calls(self._buf[start:end])
+        if calls is None:
+            return self._fail()
+        self._held = (self._buf[:stop], calls)
+        self._buf = self._buf[stop:]
+        return self._open_section("held", "")
+
+    def _in_held(self, final: bool) -> bool:
+        """After a tagless call: only whitespace to the end makes it a call;
+        any other text makes the call's text content, and the rest is read
+        as content as any answer's is."""
+        assert self._held is not None
+        text, calls = self._held
+        if self._buf.strip():
+            self._held = None
+            self._say(text)
+            return self._open_section("content", "")
+        if not final:
+            return False
+        self._held, self._buf = None, ""
+        self._emit_calls(calls)
+        return self._open_section("content", "")
 
     def _in_fence_close(self, final: bool) -> bool:
         """After a <tool_call> block inside a fence: another block, the
@@ -323,12 +382,15 @@ class ToolCallStream:
                 self._buf = self._buf[end:]
                 return self._open_section("content", "")
             return self._fail()
+        self._emit_calls(calls)
+        self._buf = self._buf[stop:]
+        return self._open_section(then, "")
+
+    def _emit_calls(self, calls: list[tuple[str, str]]) -> None:
         for name, arguments in calls:
             self._out.append(ToolCallDelta(self._index, self._new_id(), name, ""))
             self._out.append(ToolCallDelta(self._index, None, None, arguments))
             self._index += 1
-        self._buf = self._buf[stop:]
-        return self._open_section(then, "")
 
     def _calls(self, text: str) -> list[tuple[str, str]] | None:
         value = _loads(text)

@@ -44,6 +44,17 @@ def detect_format(template: str | None) -> ToolFormat:
     return ToolFormat.NONE
 
 
+# A Hermes model's call written without its <tool_call> tag as the whole
+# answer: a bare call object, or one right inside a leading ``` or ```json
+# fence. It is a lazy-grammar trigger in grammar_sampler's anchored form (a
+# trigger that begins with "^" is a pattern matched at the output's start);
+# the grammar (tool_call_grammar with openings) takes the text from group 1
+# on. Every repeat is bounded, so a match is decided within
+# CALL_OPENING_MAX characters and watching for it costs nothing after.
+CALL_OPENING = (r'^\s{0,8}((?:```[ \t]{0,4}(?:json)?[ \t]{0,4}\r?\n[ \t\r\n]{0,8})?'
+                r'\{[ \t\r\n]{0,8}"name")')
+CALL_OPENING_MAX = 48
+
 _ID_CHARS = string.ascii_letters + string.digits
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import tempfile
 import threading
 from typing import Callable, Iterator
@@ -24,6 +25,10 @@ _grammar_lock = threading.Lock()
 # Candidates per grammar filter call: small first, so the time of the first
 # call tells whether the whole vocabulary fits the budget before most of it runs.
 _FILTER_FIRST, _FILTER_MAX = 256, 8192
+# An anchored trigger (one that begins with "^") is looked for only in the
+# output's first bytes: its patterns bound every repeat, so a match is
+# decided within them (tool_shapes.CALL_OPENING), and later tokens cost nothing.
+ANCHOR_WINDOW = 96
 
 
 @contextlib.contextmanager
@@ -69,6 +74,13 @@ class Grammar:
     fit throws a C++ exception through the C API, which aborts the process.
     Here every token is checked with `allows` before it is accepted.
 
+    A trigger is a literal looked for anywhere in the output, or, when it
+    begins with "^", a regular expression matched at the output's start
+    (within ANCHOR_WINDOW bytes), as llama.cpp's full-pattern triggers: the
+    grammar takes the text from the start of its first group (or of the
+    match) on. Text that an anchored match lets through but the grammar
+    refuses leaves the output free, never failed: such a pattern guesses.
+
     Every call into the grammar is timed against the request's budget
     (grammar_budget.py); the methods that call it raise InvalidParams
     (param "response_format") when the request must stop."""
@@ -77,10 +89,13 @@ class Grammar:
                  budget: GrammarBudget):
         self.model = model
         self.clock = GrammarClock(budget)
+        self.text = text
         self.ptr: lc.llama_sampler_p | None = _new_grammar(model, text)
-        self.triggers = [t.encode() for t in triggers]
+        self.triggers = [t.encode() for t in triggers if not t.startswith("^")]
+        self.anchored = [re.compile(t.encode()) for t in triggers if t.startswith("^")]
         self.active = not triggers
         self._pending = b""     # recent output while waiting for a trigger
+        self._head = b""        # the output's start, while an anchored trigger may match it
         self._one = lc.llama_token_data()
         self._one_arr = lc.llama_token_data_array(ctypes.pointer(self._one), 1, -1, False)
 
@@ -126,9 +141,14 @@ class Grammar:
 
     def watch(self, token: int) -> None:
         """While lazy: look for a trigger in the output; once one appears, the
-        grammar takes the text from it on. Raises LlmctlError when that text
-        already breaks the grammar."""
-        self._pending += self.model.piece(token, special=True)
+        grammar takes the text from it on. Raises LlmctlError when the text
+        from a literal trigger already breaks the grammar."""
+        piece = self.model.piece(token, special=True)
+        if self.anchored and self._watch_head(piece):
+            return
+        if not self.triggers:
+            return
+        self._pending += piece
         hits = [i for i in (self._pending.find(t) for t in self.triggers) if i >= 0]
         if not hits:
             keep = max(map(len, self.triggers)) - 1
@@ -138,10 +158,47 @@ class Grammar:
             text = self._pending[min(hits):].decode()
         except UnicodeDecodeError:
             return      # a character is split across tokens: wait for its end
+        self._start(text)
+
+    def _watch_head(self, piece: bytes) -> bool:
+        """Whether an anchored trigger matched the output's start (and the
+        grammar took over). Past ANCHOR_WINDOW bytes the anchored triggers
+        are dropped."""
+        self._head += piece
+        for pattern in self.anchored:
+            m = pattern.match(self._head)
+            if m is None:
+                continue
+            at = m.start(1) if m.re.groups and m.start(1) >= 0 else m.start()
+            try:
+                text = self._head[at:].decode()
+            except UnicodeDecodeError:
+                return False    # a character is split across tokens: wait for its end
+            self.anchored, self._head = [], b""
+            try:
+                self._start(text)
+            except LlmctlError:
+                self._restart()
+                return False
+            return True
+        if len(self._head) > ANCHOR_WINDOW:
+            self.anchored, self._head = [], b""
+        return False
+
+    def _start(self, text: str) -> None:
         self.active = True
         self._pending = b""
         for t in self.model.tokenize(text, add_special=False, parse_special=False):
             self.accept(t)
+
+    def _restart(self) -> None:
+        """A fresh grammar, lazy again: the anchored guess let through text
+        the grammar refuses, so the output stays free until a literal trigger."""
+        if self.ptr:
+            lc.llama_sampler_free(self.ptr)
+        self.ptr = None
+        self.ptr = _new_grammar(self.model, self.text)
+        self.active = False
 
     def close(self) -> None:
         if getattr(self, "ptr", None):

@@ -1,0 +1,101 @@
+"""/v1/messages and /v1/messages/count_tokens: an Anthropic request becomes
+one GenerationRequest (server/generation.py runs it) and its events become
+Anthropic's message or events (frames.py). The `?beta=true` query and the
+anthropic-version and anthropic-beta headers are accepted: the fields they
+unlock are read whatever they say. Errors leave in Anthropic's shape
+(server/errors.py answers every path under /v1/messages so)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from llmctl.runtime.sampling import SamplingParams
+from llmctl.server import generation as gen
+from llmctl.server.anthropic.frames import PING, MessageWriter
+from llmctl.server.anthropic.request import MessagesRequest, parse_messages
+from llmctl.server.chat_output import ChatShaper, ToolSetup
+from llmctl.server.state import leased
+from llmctl.server.workers import run_on
+
+log = logging.getLogger("llmctl.server")
+router = APIRouter()
+# Fields whose conversion to a grammar costs CPU: parsed off the loop.
+_CONVERTING = ("output_config", "output_format", "tools")
+IGNORED_HEADER = "x-llmctl-ignored"
+
+
+@router.post("/v1/messages")
+async def messages(request: Request) -> Response:
+    """A message from the model for the conversation, whole or as events."""
+    # parse_generation's flag is `count_only` here: a message needs max_tokens.
+    state, req = await gen.parse_generation(request, _CONVERTING, parse_messages, False)
+    generation = gen.GenerationRequest(req.model, None,
+                                       gen.ChatPrompt(req.messages, req.structured.tools),
+                                       req.structured, stream=req.stream)
+    response = await gen.respond(request, generation, _Messages(req, state.reasoning_format))
+    return _named(response, req)
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request) -> Response:
+    """{"input_tokens": N}: the prompt the same body would have, counted on
+    the model it names (loaded if need be)."""
+    state, req = await gen.parse_generation(request, _CONVERTING, parse_messages, True)
+    lease = await state.lease(req.model)
+
+    async def count() -> Response:
+        prompt = gen.ChatPrompt(req.messages, req.structured.tools)
+        tokens = await run_on(state.workers.render, gen.prompt_tokens, lease.llm, prompt)
+        return JSONResponse({"input_tokens": len(tokens)})
+
+    return _named(await leased(lease, count()), req)
+
+
+def _named(response: Response, req: MessagesRequest) -> Response:
+    """`response` with the fields accepted but not applied named in a header."""
+    if req.ignored:
+        names = ", ".join(dict.fromkeys(req.ignored))
+        response.headers[IGNORED_HEADER] = names
+        log.info("/v1/messages: accepted without applying: %s", names)
+    return response
+
+
+class _Messages(gen.Dialect):
+    """Anthropic's side of a generation: max_tokens capped to the room the
+    prompt leaves (Claude Code asks for 32000 on every turn), thoughts
+    split off where the model thinks, and its events."""
+
+    media_type = "text/event-stream"
+    headers = {"Cache-Control": "no-cache"}
+    keepalive = PING
+
+    def __init__(self, req: MessagesRequest, reasoning_format: str):
+        self.req, self.reasoning_format = req, reasoning_format
+
+    def sampling(self, n_ctx: int) -> SamplingParams:
+        return self.req.params
+
+    def fit(self, params: SamplingParams, n_prompt: int, n_ctx: int) -> SamplingParams:
+        # A prompt that leaves no room keeps its max_tokens: the engine's
+        # ContextOverflow then says how many tokens it has and how many fit.
+        room = n_ctx - n_prompt
+        if params.max_tokens is not None and 0 < room < params.max_tokens:
+            return params.replace(max_tokens=room)
+        return params
+
+    def reading(self, prompt: gen.PromptFacts) -> ToolSetup | None:
+        thinks = prompt.thinks or prompt.started_in_thought
+        # A thought is always split off: as thinking blocks when asked
+        # for, left out of the text otherwise.
+        structured = replace(self.req.structured,
+                             reasoning_format="deepseek" if thinks else None)
+        return structured.setup(prompt.tool_format, self.reasoning_format, thinks=thinks,
+                                started_in_thought=prompt.started_in_thought)
+
+    def frames(self, generation: gen.Generation) -> MessageWriter:
+        return MessageWriter(self.req.model or generation.model, ChatShaper(generation.setup),
+                             self.req.thinking, generation.n_prompt)

@@ -1,0 +1,233 @@
+"""One Responses API response: the response object, and the typed events
+of its stream, each with its sequence_number. The answer's text goes
+through a ChatShaper (tool calls, thoughts) and then OutputItems, which
+opens and closes the output items (reasoning, message, function_call) as
+the text turns from one to the next, so a whole body is exactly what its
+stream adds up to."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Callable
+
+from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent, Usage
+from llmctl.server.chat_output import ChatShaper
+from llmctl.server.generation import Answer, Event
+from llmctl.server.responses.store import new_id
+
+Sealer = Callable[[str], str]
+
+
+class OutputItems:
+    """The output items of one answer, from its ChatShaper deltas. push()
+    and close() return the events they add; `items` are the closed ones.
+    `namespaces` maps a flattened tool name back to (namespace, function);
+    `seal`, when given, seals each thought into encrypted_content."""
+
+    def __init__(self, namespaces: dict[str, tuple[str, str]], seal: Sealer | None):
+        self.namespaces, self.seal = namespaces, seal
+        self.items: list[dict] = []
+        self._open: dict | None = None
+        self._text: list[str] = []
+
+    def push(self, delta: dict) -> list[dict]:
+        """The events for one ChatShaper delta."""
+        if "content" in delta:
+            return self._append("message", delta["content"])
+        if "reasoning_content" in delta:
+            return self._append("reasoning", delta["reasoning_content"])
+        events: list[dict] = []
+        for call in delta.get("tool_calls", ()):
+            if "id" in call:                # a new call: its head, then its arguments
+                events += self.close() + self._open_call(call)
+            events += self._append("function_call", call["function"]["arguments"])
+        return events
+
+    def _where(self) -> dict:
+        assert self._open is not None
+        return {"item_id": self._open["id"], "output_index": len(self.items)}
+
+    def _append(self, kind: str, text: str) -> list[dict]:
+        events = []
+        if self._open is None or self._open["type"] != kind:
+            events += self.close() + self._open_item(kind)
+        if not text:
+            return events
+        self._text.append(text)
+        if kind == "function_call":
+            return events + [{"type": "response.function_call_arguments.delta",
+                              **self._where(), "delta": text}]
+        name = "output_text" if kind == "message" else "reasoning_text"
+        extra: dict = {"logprobs": []} if kind == "message" else {}
+        return events + [{"type": f"response.{name}.delta", **self._where(), "content_index": 0,
+                          "delta": text, **extra}]
+
+    def _open_item(self, kind: str) -> list[dict]:
+        if kind == "message":
+            self._open = {"type": "message", "id": new_id("msg"), "status": "in_progress",
+                          "role": "assistant", "content": []}
+            part: dict = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        else:
+            self._open = {"type": "reasoning", "id": new_id("rs"), "status": "in_progress",
+                          "summary": [], "content": []}
+            part = {"type": "reasoning_text", "text": ""}
+        return [{"type": "response.output_item.added", "output_index": len(self.items),
+                 "item": dict(self._open)},
+                {"type": "response.content_part.added", **self._where(), "content_index": 0,
+                 "part": part}]
+
+    def _open_call(self, head: dict) -> list[dict]:
+        flat = head["function"]["name"]
+        namespace, name = self.namespaces.get(flat, (None, flat))
+        self._open = {"type": "function_call", "id": new_id("fc"), "call_id": head["id"],
+                      "name": name, "arguments": "", "status": "in_progress",
+                      **({"namespace": namespace} if namespace else {})}
+        return [{"type": "response.output_item.added", "output_index": len(self.items),
+                 "item": dict(self._open)}]
+
+    def close(self, status: str = "completed") -> list[dict]:
+        """The events that end the open item (none when nothing is open)."""
+        item, text = self._open, "".join(self._text)
+        if item is None:
+            return []
+        where = self._where()
+        self._open, self._text = None, []
+        item["status"] = status
+        events: list[dict] = []
+        if item["type"] == "function_call":
+            item["arguments"] = text
+            events.append({"type": "response.function_call_arguments.done", **where,
+                           "name": item["name"], "arguments": text})
+        else:
+            if item["type"] == "message":
+                part: dict = {"type": "output_text", "text": text, "annotations": [],
+                              "logprobs": []}
+                done = {"type": "response.output_text.done", "text": text, "logprobs": []}
+            else:
+                part = {"type": "reasoning_text", "text": text}
+                done = {"type": "response.reasoning_text.done", "text": text}
+                if self.seal is not None:
+                    item["encrypted_content"] = self.seal(text)
+            item["content"] = [part]
+            events += [{**done, **where, "content_index": 0},
+                       {"type": "response.content_part.done", **where, "content_index": 0,
+                        "part": part}]
+        self.items.append(item)
+        return events + [{"type": "response.output_item.done",
+                          "output_index": where["output_index"], "item": item}]
+
+    def assistant_message(self) -> dict:
+        """The closed items as one chat assistant message (flattened tool
+        names), for the conversation a continuation renders."""
+        text = "".join(p["text"] for i in self.items if i["type"] == "message"
+                       for p in i["content"])
+        calls = [{"id": i["call_id"], "type": "function",
+                  "function": {"name": _flat(i), "arguments": i["arguments"]}}
+                 for i in self.items if i["type"] == "function_call"]
+        message: dict = {"role": "assistant", "content": text or (None if calls else "")}
+        if calls:
+            message["tool_calls"] = calls
+        return message
+
+
+def _flat(item: dict) -> str:
+    namespace = item.get("namespace")
+    return f"{namespace}__{item['name']}" if namespace else item["name"]
+
+
+def usage_dict(usage: Usage) -> dict:
+    """`usage` in the Responses API's shape."""
+    return {"input_tokens": usage.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": usage.cached_tokens,
+                                     "cache_write_tokens": 0},
+            "output_tokens": usage.completion_tokens,
+            # Thought and answer tokens are not counted apart.
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage.total_tokens}
+
+
+class ResponseObject:
+    """The fields of one response object that do not change as it runs."""
+
+    def __init__(self, model: str, echo: dict):
+        self.id = new_id("resp")
+        self.created_at = int(time.time())
+        self.model, self.echo = model, echo
+
+    def shape(self, status: str, output: list[dict], usage: Usage | None = None,
+              error: dict | None = None) -> dict:
+        """The object with `status`, `output` and (once known) `usage`."""
+        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        return {"id": self.id, "object": "response", "created_at": self.created_at,
+                "status": status, "error": error, "incomplete_details": incomplete,
+                "model": self.model, "output": output, **self.echo,
+                "usage": usage_dict(usage) if usage is not None else None,
+                **({"completed_at": int(time.time())} if status == "completed" else {})}
+
+
+OnFinal = Callable[[dict, dict], None]
+
+
+class Reply:
+    """A response's frames (server/generation.py's Frames): its events as
+    SSE, or the whole object. `on_final(response, assistant message)` runs
+    once the answer has ended, failed responses aside."""
+
+    def __init__(self, obj: ResponseObject, shaper: ChatShaper, items: OutputItems,
+                 on_final: OnFinal):
+        self.obj, self.shaper, self.items, self.on_final = obj, shaper, items, on_final
+        self._seq = 0
+
+    def _sse(self, events: list[dict]) -> str:
+        out = []
+        for event in events:
+            event = {**event, "sequence_number": self._seq}
+            self._seq += 1
+            out.append(f"event: {event['type']}\ndata: "
+                       f"{json.dumps(event, ensure_ascii=False)}\n\n")
+        return "".join(out)
+
+    def opening(self) -> str:
+        """response.created and response.in_progress."""
+        start = self.obj.shape("in_progress", [])
+        return self._sse([{"type": "response.created", "response": start},
+                          {"type": "response.in_progress", "response": start}])
+
+    def frames(self, batch: list[tuple[int, Event]]) -> tuple[str, bool]:
+        """The events for a batch of engine events, and whether they end the stream."""
+        events: list[dict] = []
+        for _, event in batch:
+            if isinstance(event, ErrorEvent):
+                e = event.error
+                events += [{"type": "error", "code": e.code, "message": e.message,
+                            "param": e.param},
+                           {"type": "response.failed", "response": self.obj.shape(
+                               "failed", self.items.items,
+                               error={"code": "server_error", "message": e.message})}]
+                return self._sse(events), True
+            if isinstance(event, TokenEvent):
+                for delta in self.shaper.feed(event.text):
+                    events += self.items.push(delta)
+                continue
+            final = self._finish(event, event.tail, events)
+            return self._sse(events + [{"type": f"response.{final['status']}",
+                                        "response": final}]), True
+        return self._sse(events), False
+
+    def _finish(self, event: FinishEvent, tail: str, events: list[dict]) -> dict:
+        for delta in self.shaper.finish(tail):
+            events += self.items.push(delta)
+        status = "incomplete" if event.reason == "length" else "completed"
+        events += self.items.close(status)
+        final = self.obj.shape(status, self.items.items, event.usage)
+        self.on_final(final, self.items.assistant_message())
+        return final
+
+    def body(self, answers: list[Answer]) -> dict:
+        """The whole response object for the one answer."""
+        answer = answers[0]
+        events: list[dict] = []
+        for delta in self.shaper.feed(answer.text):
+            events += self.items.push(delta)
+        return self._finish(answer.finish, "", events)

@@ -1,0 +1,136 @@
+"""A Responses request's `input` as the chat messages the model's template
+renders: message items (user, system, developer, assistant; text parts),
+function_call items folded into the assistant turn they belong to,
+function_call_output items as tool results, and reasoning items checked
+(a sealed thought must be this server's) but not rendered, as chat
+templates drop past turns' thoughts. Every item the client sent is kept,
+with an id, for GET /v1/responses/{id}/input_items."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmctl.errors import InvalidParams
+from llmctl.server.responses.store import ResponseStore, new_id
+
+_ROLES = ("user", "system", "developer", "assistant")
+_TEXT_PARTS = ("input_text", "output_text", "text")
+_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
+              "reasoning": "rs"}
+
+
+def flat_name(namespace: str | None, name: str) -> str:
+    """The one name the model sees for `name` in `namespace` (Codex's own
+    flattening: namespace__name)."""
+    return f"{namespace.rstrip('_')}__{name.lstrip('_')}" if namespace else name
+
+
+def _bad(where: str, what: str) -> InvalidParams:
+    return InvalidParams(f"'{where}' {what}", param="input")
+
+
+def _text(content: Any, where: str) -> str:
+    """The text of a content field: a string, or text parts joined."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad(where, "must be a string or a list of content parts")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "refusal" and isinstance(part.get("refusal"), str):
+            texts.append(part["refusal"])
+        elif isinstance(kind, str):
+            raise _bad(f"{where}[{j}]", f"is a {kind[:32]!r} part, which llmctl does not "
+                       "support (text parts only)")
+        else:
+            raise _bad(f"{where}[{j}]", "must be an object with a 'type' and its 'text'")
+    return "".join(texts)
+
+
+def _string(item: dict, key: str, where: str, required: bool = True) -> str | None:
+    value = item.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or (required and not value):
+        raise _bad(f"{where}.{key}", "must be a non-empty string")
+    return value
+
+
+class _Conversation:
+    """Chat messages built up from input items in order."""
+
+    def __init__(self, store: ResponseStore):
+        self.store = store
+        self.messages: list[dict] = []
+
+    def message(self, item: dict, where: str) -> None:
+        role = item.get("role")
+        if role not in _ROLES:
+            raise _bad(f"{where}.role", f"must be one of {', '.join(_ROLES)}")
+        if "content" not in item:
+            raise _bad(f"{where}.content", "is required")
+        self.messages.append({"role": role, "content": _text(item["content"], f"{where}.content")})
+
+    def function_call(self, item: dict, where: str) -> None:
+        call_id = _string(item, "call_id", where)
+        name = _string(item, "name", where) or ""
+        namespace = _string(item, "namespace", where, required=False)
+        arguments = _string(item, "arguments", where, required=False) or "{}"
+        call = {"id": call_id, "type": "function",
+                "function": {"name": flat_name(namespace, name), "arguments": arguments}}
+        last = self.messages[-1] if self.messages else None
+        # Calls that follow the assistant's text (or other calls) are that turn's.
+        if last is not None and last["role"] == "assistant":
+            last.setdefault("tool_calls", []).append(call)
+            if not last["content"]:
+                last["content"] = None
+        else:
+            self.messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+
+    def function_call_output(self, item: dict, where: str) -> None:
+        call_id = _string(item, "call_id", where)
+        if "output" not in item:
+            raise _bad(f"{where}.output", "is required")
+        self.messages.append({"role": "tool", "tool_call_id": call_id,
+                              "content": _text(item["output"], f"{where}.output")})
+
+    def reasoning(self, item: dict, where: str) -> None:
+        sealed = item.get("encrypted_content")
+        if sealed is not None:
+            self.store.unseal(sealed, f"{where}.encrypted_content")
+        for key in ("summary", "content"):
+            if item.get(key) is not None:
+                _text(item[key], f"{where}.{key}")
+
+
+def input_messages(value: Any, store: ResponseStore) -> tuple[list[dict], list[dict]]:
+    """(chat messages, the input items with ids) for a request's `input`.
+    Raises InvalidParams (param "input") naming the item and field at
+    fault: a missing input, an item type or content part llmctl does not
+    support, a malformed field, a sealed thought this home did not seal."""
+    if isinstance(value, str):
+        return ([{"role": "user", "content": value}],
+                [{"type": "message", "id": new_id("msg"), "role": "user", "status": "completed",
+                  "content": [{"type": "input_text", "text": value}]}])
+    if not isinstance(value, list):
+        raise InvalidParams("'input' must be a string or a list of items", param="input")
+    conversation = _Conversation(store)
+    items = []
+    for i, item in enumerate(value):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise _bad(where, "must be an object")
+        raw = item.get("type", "message" if "role" in item else None)
+        kind = raw if isinstance(raw, str) else ""
+        if kind not in _ID_PREFIX:
+            what = f"{kind[:40]!r} items" if kind else "items without a 'type'"
+            raise _bad(f"{where}.type", f"is not supported by llmctl: {what} (message, "
+                       "function_call, function_call_output and reasoning are)")
+        getattr(conversation, kind)(item, where)
+        items.append({"type": kind, "id": item.get("id") or new_id(_ID_PREFIX[kind]),
+                      **({"status": "completed"} if kind == "message" else {}),
+                      **{k: v for k, v in item.items() if k not in ("type", "id")}})
+    return conversation.messages, items

@@ -1,0 +1,287 @@
+"""A /v1/responses body, validated and translated: the conversation (the
+stored one for previous_response_id, then `instructions` and `input`), the
+tools in OpenAI chat's shape for server/tool_protocol.py (a namespace's
+functions under their flattened names; hosted tools left out and named),
+tool_choice, text.format, and the sampling fields. A field llmctl cannot
+honour is refused by name, never dropped."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from llmctl.errors import InvalidParams
+from llmctl.runtime.sampling import SamplingParams
+from llmctl.server.fields import parse_sampling, typed_field
+from llmctl.server.responses.items import flat_name, input_messages
+from llmctl.server.responses.store import ID_RE, ResponseStore, StoredResponse
+from llmctl.server.tool_protocol import Structured, parse_structured
+
+# Tools that OpenAI runs on its side: llmctl cannot, so the model is not
+# offered them and the response names them (Codex sends web_search always).
+HOSTED_TOOLS = frozenset({
+    "web_search", "web_search_preview", "web_search_preview_2025_03_11", "web_search_2025_08_26",
+    "file_search", "code_interpreter", "computer_use_preview", "computer_use", "computer",
+    "image_generation", "mcp", "tool_search"})
+# include values for hosted tools' results: with the tools left out there is nothing to include.
+_HOSTED_INCLUDES = frozenset({
+    "web_search_call.action.sources", "web_search_call.results", "file_search_call.results",
+    "code_interpreter_call.outputs", "computer_call_output.output.image_url",
+    "message.input_image.image_url"})
+SEALED_REASONING = "reasoning.encrypted_content"
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_FUNCTION_KEYS = frozenset({"type", "name", "description", "parameters", "strict"})
+_NAMESPACE_KEYS = frozenset({"type", "name", "description", "tools"})
+_EFFORTS = (None, "none", "minimal", "low", "medium", "high", "xhigh")
+_SUMMARIES = (None, "auto", "concise", "detailed")
+
+
+def _absent(v: Any) -> bool:
+    return v is None
+
+
+# Fields refused unless they ask for nothing, with the test for "nothing".
+_REFUSED: dict[str, Callable[[Any], bool]] = {
+    "background": lambda v: v in (None, False),
+    "conversation": _absent,
+    "prompt": _absent,
+    "max_tool_calls": _absent,
+    "context_management": _absent,
+    "truncation": lambda v: v in (None, "disabled"),
+    "top_logprobs": lambda v: v in (None, 0),
+}
+# Fields read below, or accepted as they change nothing llmctl does.
+_KNOWN = frozenset({
+    "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
+    "max_output_tokens", "temperature", "top_p", "stop", "seed", "reasoning", "metadata",
+    "user", "prompt_cache_key", "client_metadata", "include", "store", "previous_response_id",
+    "stream", "stream_options", "service_tier", "safety_identifier", "prompt_cache_retention",
+    "keep_alive", *_REFUSED})
+
+
+@dataclass(frozen=True)
+class Tools:
+    """The request's callable tools in chat's shape, which function each
+    flattened name stands for, the raw tools for the echo, and the hosted
+    tools left out."""
+
+    chat: list[dict]
+    namespaces: dict[str, tuple[str, str]]     # flat name -> (namespace, function)
+    hosted: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ResponsesRequest:
+    """A validated /v1/responses (or /v1/responses/input_tokens) body."""
+
+    model: str | None
+    stream: bool
+    store: bool
+    params: SamplingParams
+    structured: Structured
+    messages: list[dict]        # what the template renders: instructions first
+    history: list[dict]         # the conversation so far, without instructions, for the store
+    input_items: list[dict]     # as sent, each with an id
+    tools: Tools
+    sealed: bool                # reasoning items carry encrypted_content
+    ignored: tuple[str, ...]    # fields accepted that change nothing here
+    echo: dict                  # the request fields the response object repeats
+    keep_alive: object = None
+
+
+def _function(tool: dict, where: str, namespace: str | None) -> dict:
+    extra = sorted(set(tool) - _FUNCTION_KEYS)
+    if extra:
+        raise InvalidParams(f"'{where}.{extra[0][:40]}' is not supported by llmctl", param="tools")
+    name = tool.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(flat_name(namespace, name)):
+        raise InvalidParams(f"'{where}.name' must match ^[a-zA-Z0-9_-]{{1,64}}$ (with its "
+                            "namespace and '__' before it)", param="tools")
+    if tool.get("strict") not in (None, True, False):
+        raise InvalidParams(f"'{where}.strict' must be a boolean", param="tools")
+    fn = {"name": flat_name(namespace, name)}
+    fn.update({k: tool[k] for k in ("description", "parameters") if tool.get(k) is not None})
+    return {"type": "function", "function": fn}
+
+
+def parse_tools(value: Any) -> Tools:
+    """The `tools` field. Raises InvalidParams (param "tools") for a tool
+    type llmctl cannot offer nor leave out, or a malformed tool."""
+    if value is None:
+        return Tools([], {}, ())
+    if not isinstance(value, list):
+        raise InvalidParams("'tools' must be a list", param="tools")
+    chat, namespaces, hosted = [], {}, []
+    for i, tool in enumerate(value):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        kind = kind if isinstance(kind, str) else None
+        if kind == "function":
+            chat.append(_function(tool, f"tools[{i}]", None))
+        elif kind == "namespace":
+            extra = sorted(set(tool) - _NAMESPACE_KEYS)
+            ns, inner = tool.get("name"), tool.get("tools")
+            if extra or not isinstance(ns, str) or not isinstance(inner, list):
+                raise InvalidParams(f"'tools[{i}]' must be a namespace with a 'name' and its "
+                                    "function 'tools'", param="tools")
+            for j, fn in enumerate(inner):
+                if not isinstance(fn, dict) or fn.get("type") != "function":
+                    raise InvalidParams(f"'tools[{i}].tools[{j}]' must be a function tool",
+                                        param="tools")
+                chat.append(_function(fn, f"tools[{i}].tools[{j}]", ns))
+                namespaces[chat[-1]["function"]["name"]] = (ns, fn["name"])
+        elif kind in HOSTED_TOOLS:
+            hosted.append(kind)
+        else:
+            what = repr(kind[:40]) if kind else "without a 'type'"
+            raise InvalidParams(f"'tools[{i}]': tools of type {what} are not supported by llmctl",
+                                param="tools")
+    return Tools(chat, namespaces, tuple(dict.fromkeys(hosted)))
+
+
+def _tool_choice(value: Any) -> Any:
+    """tool_choice in chat's shape."""
+    if value is None or value in ("auto", "none", "required"):
+        return value
+    if isinstance(value, dict) and value.get("type") == "function" \
+            and isinstance(value.get("name"), str) \
+            and isinstance(value.get("namespace"), (str, type(None))):
+        return {"type": "function",
+                "function": {"name": flat_name(value.get("namespace"), value["name"])}}
+    raise InvalidParams('\'tool_choice\' must be "auto", "none", "required" or {"type": '
+                        '"function", "name": ...}; other choices are not supported by llmctl',
+                        param="tool_choice")
+
+
+def _text_format(text: Any) -> tuple[dict | None, dict, tuple[str, ...]]:
+    """(chat's response_format, the echo of `text`, ignored fields)."""
+    if text is None:
+        return None, {"format": {"type": "text"}}, ()
+    if not isinstance(text, dict) or set(text) - {"format", "verbosity"}:
+        raise InvalidParams("'text' must be an object with 'format' (and 'verbosity')",
+                            param="text")
+    fmt = text.get("format") or {"type": "text"}
+    if not isinstance(fmt, dict):
+        raise InvalidParams("'text.format' must be an object", param="text")
+    ignored = ("text.verbosity",) if text.get("verbosity") not in (None, "medium") else ()
+    if fmt.get("type") != "json_schema":
+        return fmt, {**text, "format": fmt}, ignored
+    spec = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+    return {"type": "json_schema", "json_schema": spec}, {**text, "format": fmt}, ignored
+
+
+def _structured(body: dict, tools: Tools, response_format: dict | None) -> Structured:
+    chat_body = {"tools": tools.chat, "tool_choice": _tool_choice(body.get("tool_choice")),
+                 "parallel_tool_calls": body.get("parallel_tool_calls"),
+                 "response_format": response_format}
+    try:
+        return parse_structured(chat_body, chat=True)
+    except InvalidParams as e:
+        # The checks are chat's; the client reads its own field names.
+        param = "text" if e.param == "response_format" else e.param
+        raise InvalidParams(e.message.replace("response_format", "text.format"),
+                            param=param) from None
+
+
+def _refuse_unknown(body: dict) -> None:
+    for key in body:
+        if key not in _KNOWN:
+            raise InvalidParams(f"'{key[:64]}' is not a Responses field llmctl supports",
+                                param=key[:64])
+    for key, fine in _REFUSED.items():
+        if not fine(body.get(key)):
+            raise InvalidParams(f"'{key}' is not supported by llmctl", param=key)
+
+
+def _include(body: dict) -> bool:
+    include = body.get("include")
+    if include is None:
+        return False
+    if not isinstance(include, list) or not all(isinstance(v, str) for v in include):
+        raise InvalidParams("'include' must be a list of strings", param="include")
+    for value in include:
+        if value != SEALED_REASONING and value not in _HOSTED_INCLUDES:
+            raise InvalidParams(f"'include' value {value[:64]!r} is not supported by llmctl",
+                                param="include")
+    return SEALED_REASONING in include
+
+
+def _reasoning(body: dict) -> tuple[dict, tuple[str, ...]]:
+    """(the echo of `reasoning`, ignored fields): llmctl cannot set how long
+    a model thinks, nor summarise its thought (it returns the thought)."""
+    value = typed_field(body, "reasoning", (dict,)) or {}
+    effort, summary = value.get("effort"), value.get("summary", value.get("generate_summary"))
+    if effort not in _EFFORTS or summary not in _SUMMARIES or \
+            set(value) - {"effort", "summary", "generate_summary"}:
+        raise InvalidParams("'reasoning' must be {\"effort\": one of none, minimal, low, medium, "
+                            "high, xhigh; \"summary\": auto, concise or detailed}",
+                            param="reasoning")
+    ignored = tuple(f"reasoning.{k}" for k, v in (("effort", effort), ("summary", summary))
+                    if v is not None)
+    return {"effort": effort, "summary": summary}, ignored
+
+
+def _previous(body: dict, store: ResponseStore) -> StoredResponse | None:
+    rid = typed_field(body, "previous_response_id", (str,))
+    if rid is None:
+        return None
+    found = store.get(rid) if ID_RE.fullmatch(rid) else None
+    if found is None:
+        raise InvalidParams(f"previous response with id {rid[:80]!r} not found",
+                            param="previous_response_id")
+    return found
+
+
+def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
+    params = parse_sampling({k: body.get(k) for k in ("temperature", "top_p", "seed", "stop")},
+                            defaults)
+    max_out = typed_field(body, "max_output_tokens", (int,))
+    if max_out is not None:
+        if max_out < 1:
+            raise InvalidParams("'max_output_tokens' must be at least 1",
+                                param="max_output_tokens")
+        params = params.replace(max_tokens=max_out)
+    return params
+
+
+def parse_request(body: dict, chat: bool, defaults: SamplingParams, *,
+                  store: ResponseStore) -> ResponsesRequest:
+    """Validate a whole /v1/responses body (blocking: it may read the
+    previous response from `store`). Raises InvalidParams naming the field:
+    one llmctl does not know or support, a wrong type or value, a previous
+    response not stored, an input item or tool llmctl cannot handle."""
+    _refuse_unknown(body)
+    model = typed_field(body, "model", (str,)) or None
+    stream = bool(typed_field(body, "stream", (bool,)))
+    stored = typed_field(body, "store", (bool,)) is not False
+    instructions = typed_field(body, "instructions", (str,))
+    if typed_field(body, "metadata", (dict,)) and not all(
+            isinstance(v, str) for v in body["metadata"].values()):
+        raise InvalidParams("'metadata' values must be strings", param="metadata")
+    for key in ("user", "prompt_cache_key", "safety_identifier"):
+        typed_field(body, key, (str,))
+    tools = parse_tools(body.get("tools"))
+    response_format, text_echo, ignored_text = _text_format(body.get("text"))
+    structured = _structured(body, tools, response_format)
+    reasoning, ignored_reasoning = _reasoning(body)
+    sealed = _include(body)
+    if sealed:
+        store.key()             # read (or made) here, off the loop, before sealing
+    previous = _previous(body, store)
+    if body.get("input") is None:
+        raise InvalidParams("'input' is required", param="input")
+    new, items = input_messages(body["input"], store)
+    history = (previous.messages if previous else []) + new
+    system = [{"role": "system", "content": instructions}] if instructions else []
+    params = _sampling(body, defaults)
+    echo = {"instructions": instructions, "max_output_tokens": params.max_tokens,
+            "metadata": body.get("metadata") or {}, "parallel_tool_calls": structured.parallel,
+            "previous_response_id": body.get("previous_response_id"), "reasoning": reasoning,
+            "store": stored, "temperature": params.temperature, "text": text_echo,
+            "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [],
+            "top_p": params.top_p, "truncation": "disabled", "user": body.get("user"),
+            "prompt_cache_key": body.get("prompt_cache_key"), "background": False,
+            "service_tier": "default"}
+    return ResponsesRequest(model, stream, stored, params, structured, system + history, history,
+                            items, tools, sealed, ignored_text + ignored_reasoning, echo,
+                            body.get("keep_alive"))

@@ -1,0 +1,56 @@
+"""The OpenAI Agents SDK on its default model class, OpenAIResponsesModel
+(the Responses API), against a real `llmctl serve qwen2.5-coder-0.5b`: an
+agent with one function tool calls it and finishes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+
+from conftest import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+MODEL = "qwen2.5-coder-0.5b"
+
+
+@pytest.fixture(scope="module")
+def url(session_home):
+    srv = ServerProcess([MODEL, "--ctx-size", "2048", "--max-num-seqs", "2",
+                         "--max-num-batched-tokens", "256"],
+                        env={"LLMCTL_HOME": str(session_home)})
+    try:
+        yield srv.wait_ready(600).url
+    finally:
+        srv.stop()
+
+
+def test_agent_calls_its_tool_and_finishes(url):
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool
+    from agents.tracing import set_tracing_disabled
+
+    set_tracing_disabled(True)          # nothing may leave this machine
+    calls: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        calls.append(city)
+        return f"It is sunny and 21 C in {city}."
+
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    # tool_choice "required" makes the 0.5B model call at once; handed the
+    # result it calls again rather than answer, so the agent finishes on its
+    # first tool result (the SDK's stop_on_first_tool).
+    agent = Agent(name="weather", instructions="Answer weather questions with the tool.",
+                  tools=[get_weather], tool_use_behavior="stop_on_first_tool",
+                  model=OpenAIResponsesModel(model=MODEL, openai_client=client),
+                  model_settings=ModelSettings(tool_choice="required", temperature=0,
+                                               max_tokens=64))
+    result = asyncio.run(Runner.run(agent, "What's the weather in Paris?", max_turns=4))
+    assert calls and "paris" in calls[0].lower()
+    assert result.final_output == "It is sunny and 21 C in Paris."
+    [call] = [i for i in result.new_items if i.type == "tool_call_item"]
+    assert call.raw_item.name == "get_weather"
