@@ -29,6 +29,7 @@ import json
 import re
 from typing import Callable
 
+from llmctl.runtime.formats import call_syntax as syn
 from llmctl.runtime.formats.reasoning import ThinkSplitter, partial_marker_len
 from llmctl.runtime.formats.stream_scan import Brackets, Trimmed
 from llmctl.runtime.formats.tool_shapes import (
@@ -59,29 +60,6 @@ def parse_tool_calls(text: str, fmt: ToolFormat, tool_names: set[str] | None = N
     stream = ToolCallStream(fmt, tool_names, reasoning,
                             started_in_thought=started_in_thought, new_id=new_id)
     return collect(stream.feed(text) + stream.finish())
-
-
-_MARKERS = {ToolFormat.HERMES: "<tool_call>", ToolFormat.LLAMA3: "<|python_tag|>",
-            ToolFormat.MISTRAL: "[TOOL_CALLS]"}
-# Output that opens with bare JSON: Llama 3 and generic calls are plain JSON,
-# and llama.cpp renders Mistral's [TOOL_CALLS] control token as nothing.
-_OPENERS = {ToolFormat.LLAMA3: re.compile(r"\{"), ToolFormat.GENERIC: re.compile(r"\{"),
-            ToolFormat.MISTRAL: re.compile(r"\[\s*\{")}
-_HERMES_CLOSE = re.compile(r"\s*</tool_call>")
-_MISTRAL_HEAD = re.compile(r"([A-Za-z0-9_.-]{1,64})(?:\[CALL_ID\][A-Za-z0-9]*)?\[ARGS\]\s*")
-_MISTRAL_HEAD_SO_FAR = re.compile(r"[A-Za-z0-9_.\-\[\]]{0,150}")
-_SEPARATORS = " \t\r\n;"
-# A Hermes call in a code block: the fence line, then the call (see module doc).
-_FENCE = "```"
-_FENCE_LANGS = ("json", "xml", "tool_call")
-_FENCE_OPEN = re.compile(r"```[ \t]*(?:json|xml|tool_call)?[ \t]*\r?\n", re.IGNORECASE)
-# A bare call object opening a Hermes answer (tool_shapes.CALL_OPENING): its
-# first key is "name". Other JSON (another first key, an array) is content.
-_BARE_CALL = re.compile(r'\{\s*"name"\s*:')
-_BARE_CALL_SO_FAR = re.compile(r'\{\s*(?:"(?:n(?:a(?:m(?:e(?:"\s*)?)?)?)?)?)?')
-_FENCE_OPEN_SO_FAR = re.compile(
-    r"`{0,3}|```[ \t]*(?:%s)|```[ \t]*(?:json|xml|tool_call)?[ \t]*\r?"
-    % "|".join(lang[:n] for lang in _FENCE_LANGS for n in range(1, len(lang))), re.IGNORECASE)
 
 
 class ToolCallStream:
@@ -170,7 +148,7 @@ class ToolCallStream:
         if self._fmt is ToolFormat.HERMES and self._names != set():
             return self._open_section("fence", "")
         head = self._buf.lstrip()
-        opener = _OPENERS.get(self._fmt)
+        opener = syn.OPENERS.get(self._fmt)
         if not head and not final:
             return False
         if opener is not None and opener.match(head):
@@ -181,7 +159,7 @@ class ToolCallStream:
         return self._open_section("content", "")
 
     def _in_content(self, final: bool) -> bool:
-        marker = _MARKERS.get(self._fmt)
+        marker = syn.MARKERS.get(self._fmt)
         at = self._buf.find(marker) if marker else -1
         if marker and at >= 0:
             self._say(self._buf[:at])
@@ -214,7 +192,7 @@ class ToolCallStream:
             return False
         if end is None:
             return self._fail()
-        close = _HERMES_CLOSE.match(self._buf, end)
+        close = syn.HERMES_CLOSE.match(self._buf, end)
         rest = self._buf[end:].lstrip()
         if close is None and not final and "</tool_call>".startswith(rest):
             return False
@@ -230,9 +208,9 @@ class ToolCallStream:
         head = self._buf.lstrip()
         if head.startswith("{") and self._index == 0:  # only a whole answer can be bare
             return self._bare_opening(head, final)
-        m = _FENCE_OPEN.match(head)
+        m = syn.FENCE_OPEN.match(head)
         if m is None:
-            if not final and _FENCE_OPEN_SO_FAR.fullmatch(head):
+            if not final and syn.FENCE_OPEN_SO_FAR.fullmatch(head):
                 return False
             return self._open_section("content", "")
         body = head[m.end():].lstrip()
@@ -251,11 +229,11 @@ class ToolCallStream:
 
     def _bare_opening(self, head: str, final: bool) -> bool:
         """A call object without tag or fence, or (another first key) content."""
-        if _BARE_CALL.match(head):
+        if syn.BARE_CALL.match(head):
             self._open_section("bare", "")
             self._scan = Brackets(len(self._buf) - len(head))
             return True
-        if not final and _BARE_CALL_SO_FAR.fullmatch(head):
+        if not final and syn.BARE_CALL_SO_FAR.fullmatch(head):
             return False
         return self._open_section("content", "")
 
@@ -279,9 +257,9 @@ class ToolCallStream:
         if end is None:
             return self._fail()
         rest = self._buf[end:].lstrip()
-        if rest.startswith(_FENCE):
-            stop = len(self._buf) - len(rest) + len(_FENCE)
-        elif not final and _FENCE.startswith(rest):
+        if rest.startswith(syn.FENCE):
+            stop = len(self._buf) - len(rest) + len(syn.FENCE)
+        elif not final and syn.FENCE.startswith(rest):
             return False
         elif rest:
             return self._fail()
@@ -319,21 +297,21 @@ class ToolCallStream:
         """After a <tool_call> block inside a fence: another block, the
         closing fence, or (anything else) content."""
         head = self._buf.lstrip()
-        if head.startswith(_FENCE):
-            self._buf = head[len(_FENCE):]
+        if head.startswith(syn.FENCE):
+            self._buf = head[len(syn.FENCE):]
             return self._open_section("fence", "")
         if head.startswith("<tool_call>"):
             at = len(self._buf) - len(head) + len("<tool_call>")
             raw, self._buf = self._buf[:at], self._buf[at:]
             return self._open_section("hermes", raw, fenced=True)
-        if not final and (_FENCE.startswith(head) or "<tool_call>".startswith(head)):
+        if not final and (syn.FENCE.startswith(head) or "<tool_call>".startswith(head)):
             return False
         return self._open_section("content", "")
 
     def _in_json_seq(self, final: bool) -> bool:
         # Separators between Llama 3's calls (";", newlines) are dropped.
         if self._scan is None:
-            self._buf = self._buf.lstrip(_SEPARATORS)
+            self._buf = self._buf.lstrip(syn.SEPARATORS)
             if not self._buf or self._buf[0] != "{":
                 return self._open_section("content", "") if self._buf else False
         _, end, wait = self._json_at(final, 0)
@@ -356,9 +334,9 @@ class ToolCallStream:
         head = self._buf.lstrip()
         if head.startswith("["):
             return self._open_section("array", self._raw)
-        m = _MISTRAL_HEAD.match(head)
+        m = syn.MISTRAL_HEAD.match(head)
         if m is None:
-            if not final and _MISTRAL_HEAD_SO_FAR.fullmatch(head):
+            if not final and syn.MISTRAL_HEAD_SO_FAR.fullmatch(head):
                 return False
             return self._fail()
         start = len(self._buf) - len(head) + m.end()
