@@ -28,7 +28,8 @@ from llmctl.server.middleware import guard
 from llmctl.server.state import HttpPolicy
 
 MODEL = "qwen2.5-coder-0.5b"
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "agent-requests"
+# Claude Code's captured first request (fixtures/agent-requests/README.md).
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "agent-requests"
 CLAUDE_CODE = FIXTURES / "claude-code-2.1.328-messages.json"
 CLAUDE_HEADERS = {
     "anthropic-version": "2023-06-01",

@@ -24,8 +24,8 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Current we
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                           "required": ["city"], "additionalProperties": False},
            "strict": True}
-FIXTURE = Path(__file__).resolve().parents[2] / "shared/fixtures/agent-requests/" \
-    "codex-0.169.0-responses.json"
+# Codex's captured first request (fixtures/agent-requests/README.md).
+FIXTURE = Path(__file__).resolve().parent / "fixtures/agent-requests/codex-0.169.0-responses.json"
 
 
 def _serve(home: Path, ctx: int = 2048):
@@ -87,8 +87,6 @@ def test_sealed_reasoning_reads_back_only_from_its_home(tmp_path):
 
 
 def test_codex_request_translates(tmp_path):
-    if not FIXTURE.exists():
-        pytest.skip("shared/fixtures is not beside the project")
     body = json.loads(FIXTURE.read_text())
     req = parse_request(body, True, SamplingParams(), store=ResponseStore(tmp_path, 10, 1 << 20))
     assert [m["role"] for m in req.messages] == ["developer", "developer", "user", "user"]
@@ -238,8 +236,6 @@ def test_previous_response_id_remembers_after_restart(session_home, server, clie
 
 @pytest.mark.slow
 def test_codex_first_turn(session_home):
-    if not FIXTURE.exists():
-        pytest.skip("shared/fixtures is not beside the project")
     body = json.loads(FIXTURE.read_text())
     # The capture names the model as Codex was configured; the rest is as sent.
     body.update(model=MODEL, max_output_tokens=24, temperature=0)
