@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -94,3 +96,18 @@ def server(session_home):
                              "--max-queue", "4", "--max-num-batched-tokens", "256",
                              "--no-prefix-cache", env={"LLMCTL_HOME": str(session_home)}) as srv:
         yield srv
+
+
+QWEN = "qwen2.5-coder-0.5b"
+
+
+@contextmanager
+def qwen_server(home: Path, ctx_size: int = 2048, max_num_seqs: int = 2) -> Iterator[str]:
+    """`llmctl serve qwen2.5-coder-0.5b` on the store at `home`, ready; yields
+    its base URL and stops it after. The protocol and tool tests share it."""
+    srv = ServerProcess([QWEN, "--ctx-size", str(ctx_size), "--max-num-seqs", str(max_num_seqs),
+                         "--max-num-batched-tokens", "256"], env={"LLMCTL_HOME": str(home)})
+    try:
+        yield srv.wait_ready(600).url
+    finally:
+        srv.stop()

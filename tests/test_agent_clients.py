@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from conftest import ServerProcess
+from conftest import qwen_server
 
 pytestmark = pytest.mark.slow
 
@@ -20,13 +20,8 @@ QUESTION = "What is the weather in Paris?"
 
 @pytest.fixture(scope="module")
 def base_url(session_home):
-    srv = ServerProcess([MODEL, "--ctx-size", "4096", "--max-num-seqs", "2",
-                         "--max-num-batched-tokens", "256"],
-                        env={"LLMCTL_HOME": str(session_home)})
-    try:
-        yield srv.wait_ready(600).url + "/v1"
-    finally:
-        srv.stop()
+    with qwen_server(session_home, ctx_size=4096) as url:
+        yield url + "/v1"
 
 
 def test_langchain_bind_tools_gets_a_tool_call(base_url):

@@ -9,7 +9,7 @@ import asyncio
 import openai
 import pytest
 
-from conftest import ServerProcess
+from conftest import qwen_server
 
 pytestmark = pytest.mark.slow
 
@@ -18,13 +18,8 @@ MODEL = "qwen2.5-coder-0.5b"
 
 @pytest.fixture(scope="module")
 def url(session_home):
-    srv = ServerProcess([MODEL, "--ctx-size", "2048", "--max-num-seqs", "2",
-                         "--max-num-batched-tokens", "256"],
-                        env={"LLMCTL_HOME": str(session_home)})
-    try:
-        yield srv.wait_ready(600).url
-    finally:
-        srv.stop()
+    with qwen_server(session_home) as served:
+        yield served
 
 
 def test_agent_calls_its_tool_and_finishes(url):

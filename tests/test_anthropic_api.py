@@ -17,7 +17,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from conftest import ServerProcess
+from conftest import ServerProcess, qwen_server
 from llmctl.errors import InvalidParams, QueueFull
 from llmctl.runtime.engine.events import ErrorEvent
 from llmctl.runtime.sampling import SamplingParams
@@ -52,13 +52,8 @@ RAW_EVENTS = ("message_start", "content_block_start", "content_block_delta",
 
 @pytest.fixture(scope="module")
 def server(session_home):
-    srv = ServerProcess([MODEL, "--ctx-size", "2048", "--max-num-seqs", "2",
-                         "--max-num-batched-tokens", "256"],
-                        env={"LLMCTL_HOME": str(session_home)})
-    try:
-        yield srv.wait_ready(600).url
-    finally:
-        srv.stop()
+    with qwen_server(session_home) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

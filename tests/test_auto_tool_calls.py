@@ -17,7 +17,7 @@ import jsonschema
 import openai
 import pytest
 
-from conftest import ServerProcess
+from conftest import qwen_server
 from llmctl.errors import LlmctlError
 from llmctl.runtime.formats.grammar import tool_call_grammar
 from llmctl.runtime.formats.tool_calls import ContentDelta, ToolCallStream, ToolFormat, collect
@@ -210,13 +210,8 @@ def test_text_the_grammar_refuses_after_an_anchored_match_leaves_the_output_free
 
 @pytest.fixture(scope="module")
 def client(session_home):
-    srv = ServerProcess(["qwen2.5-coder-0.5b", "--ctx-size", "2048", "--max-num-seqs", "2",
-                         "--max-num-batched-tokens", "256"],
-                        env={"LLMCTL_HOME": str(session_home)})
-    try:
-        yield openai.OpenAI(base_url=srv.wait_ready(600).url + "/v1", api_key="x", max_retries=0)
-    finally:
-        srv.stop()
+    with qwen_server(session_home) as url:
+        yield openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
 
 
 def _ask(client, messages, **kw):

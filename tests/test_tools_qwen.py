@@ -10,7 +10,7 @@ import jsonschema
 import openai
 import pytest
 
-from conftest import ServerProcess
+from conftest import qwen_server
 
 pytestmark = pytest.mark.slow
 
@@ -27,13 +27,8 @@ TIME = {"type": "function", "function": {
 
 @pytest.fixture(scope="module")
 def client(session_home):
-    srv = ServerProcess(["qwen2.5-coder-0.5b", "--ctx-size", "2048", "--max-num-seqs", "4",
-                         "--max-num-batched-tokens", "256"],
-                        env={"LLMCTL_HOME": str(session_home)})
-    try:
-        yield openai.OpenAI(base_url=srv.wait_ready(600).url + "/v1", api_key="x", max_retries=0)
-    finally:
-        srv.stop()
+    with qwen_server(session_home, max_num_seqs=4) as url:
+        yield openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
 
 
 def ask(client, content, **kw):
