@@ -157,6 +157,15 @@ class Dialect(ABC):
         return params
 
 
+class SseDialect(Dialect):
+    """A dialect whose streams are server-sent events, with a comment line
+    that keeps a silent stream open (Anthropic's sends its ping event instead)."""
+
+    media_type = "text/event-stream"
+    headers = {"Cache-Control": "no-cache"}
+    keepalive: str | None = ": keep-alive\n\n"
+
+
 async def parse_generation(request: Request, converting: tuple[str, ...],
                            parse: Callable[[dict, bool, SamplingParams], R],
                            chat: bool) -> tuple[ServerState, R]:

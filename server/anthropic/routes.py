@@ -64,13 +64,11 @@ def _named(response: Response, req: MessagesRequest) -> Response:
     return response
 
 
-class _Messages(gen.Dialect):
+class _Messages(gen.SseDialect):
     """Anthropic's side of a generation: max_tokens capped to the room the
     prompt leaves (Claude Code asks for 32000 on every turn), thoughts
     split off where the model thinks, and its events."""
 
-    media_type = "text/event-stream"
-    headers = {"Cache-Control": "no-cache"}
     keepalive = PING
 
     def __init__(self, req: MessagesRequest, reasoning_format: str):

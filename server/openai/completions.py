@@ -18,12 +18,12 @@ from llmctl.server.chat_output import ChatShaper, ToolSetup
 from llmctl.server.generation import (
     Answer,
     ChatPrompt,
-    Dialect,
     Event,
     Generation,
     GenerationRequest,
     Prompt,
     PromptFacts,
+    SseDialect,
     TextPrompt,
     TokenPrompt,
     parse_generation,
@@ -63,13 +63,9 @@ def _prompt(req: ParsedRequest) -> Prompt:
     return TextPrompt(req.prompt or "")
 
 
-class _Completions(Dialect):
+class _Completions(SseDialect):
     """OpenAI's side of a completion: its parameters as parsed, chat
     answers read for tool calls and thoughts, and its frames."""
-
-    media_type = "text/event-stream"
-    headers = {"Cache-Control": "no-cache"}
-    keepalive = ": keep-alive\n\n"
 
     def __init__(self, req: ParsedRequest, chat: bool, reasoning_format: str):
         self.req, self.chat, self.reasoning_format = req, chat, reasoning_format

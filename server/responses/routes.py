@@ -65,13 +65,9 @@ async def create(request: Request) -> Response:
     return response
 
 
-class _Responses(gen.Dialect):
+class _Responses(gen.SseDialect):
     """The Responses API's side of a generation: its parameters as parsed,
     the answer read for tool calls and thoughts, its typed events."""
-
-    media_type = "text/event-stream"
-    headers = {"Cache-Control": "no-cache"}
-    keepalive = ": keep-alive\n\n"
 
     def __init__(self, req: ResponsesRequest, store: ResponseStore, reasoning_format: str):
         self.req, self.store, self.reasoning_format = req, store, reasoning_format
