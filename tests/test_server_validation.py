@@ -266,7 +266,8 @@ def test_completions_logprobs_and_best_of_are_checked(server, extra, param):
     ({"logit_bias": {"7": 101}}, "logit_bias", "-100 to 100"),
     ({"response_format": {"type": "xml"}}, "response_format", "xml"),
     ({"response_format": {"type": "json_schema", "json_schema": {
-        "name": "n", "schema": {"type": "string", "pattern": "a+"}}}}, "response_format", "pattern"),
+        "name": "n", "schema": {"type": "string", "pattern": "(?=a)"}}}}, "response_format",
+     "lookaround"),
 ])
 def test_structured_fields_are_checked_and_named(server, extra, param, says):
     err = assert_error(post(server, {"messages": MSG, "max_tokens": 1, **extra}), 400, param)

@@ -21,11 +21,11 @@ from typing import Any
 
 from llmctl.errors import InvalidParams
 from llmctl.runtime.formats import grammar_limits as gl
+from llmctl.runtime.formats import grammar_numbers as gn
 from llmctl.runtime.formats import grammar_schema as gs
+from llmctl.runtime.formats import grammar_strings as gstr
 from llmctl.runtime.formats.grammar_limits import bad as _bad
 from llmctl.runtime.formats.grammar_rules import Rules, json_text, literal, repeat
-
-_FORMATS = {"date": "date", "time": "time", "date-time": 'date "T" time', "uuid": "uuid"}
 
 
 class _Converter(Rules):
@@ -146,8 +146,18 @@ class _Converter(Rules):
         if kind == "array":
             return self.visit_array(schema, at, depth)
         if kind == "string":
-            return self.visit_string(schema, at)
+            return gstr.string_rule(self, schema, at)
+        if kind in ("integer", "number"):
+            return self.visit_bounded(schema, kind, at)
         return self.primitive(kind)
+
+    def visit_bounded(self, schema: dict, kind: str, at: str) -> str:
+        where = at.lstrip("/") or "root"
+        bounds = gn.bounds(schema, kind, where)
+        if bounds is None:
+            return self.primitive(kind)
+        body, live = (gn.integer_body if kind == "integer" else gn.number_body)(bounds)
+        return self.add(self.name(at), body, gl.Shape(first=gl.DIGITS, live=live))
 
     def visit_object(self, schema: dict, at: str, depth: int) -> str:
         where = at.lstrip("/") or "root"
@@ -239,25 +249,6 @@ class _Converter(Rules):
         return self.add(self.name(at), " ".join(
             filter(None, ['"[" space', items_rule, more, '"]" space'])),
             gl.Shape(first=frozenset("["), lead=lead))
-
-    def visit_string(self, schema: dict, at: str) -> str:
-        where = at.lstrip("/") or "root"
-        fmt = schema.get("format")
-        string = gl.Shape(first=frozenset('"'))
-        if fmt in _FORMATS:
-            for dep in ("date", "time", "uuid"):
-                if dep in _FORMATS[fmt]:
-                    self.primitive(dep)
-            return self.add(self.name(at), rf'"\"" {_FORMATS[fmt]} "\"" space', string)
-        lo, hi = gs.count(schema, "minLength", 0), gs.count(schema, "maxLength", None)
-        if lo == 0 and hi is None:
-            return self.primitive("string")
-        if hi is not None and hi < lo:
-            raise _bad(f"maxLength < minLength at {where}")
-        self.budget.repeat(max(lo, hi or 0))
-        self.primitive("char")
-        return self.add(self.name(at), rf'"\"" char{{{lo},{"" if hi is None else hi}}} "\"" space',
-                        string)
 
 
 def json_object_grammar() -> str:

@@ -17,10 +17,16 @@ ANNOTATIONS = {"title", "description", "$schema", "$id", "$comment", "examples",
                "deprecated", "readOnly", "writeOnly"}
 KEYWORDS = {"type", "properties", "required", "additionalProperties", "items", "prefixItems",
             "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
-            "$defs", "definitions", "minLength", "maxLength", "format"} | ANNOTATIONS
+            "$defs", "definitions", "minLength", "maxLength", "format", "pattern",
+            "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"} | ANNOTATIONS
 _OBJECT_KEYS = {"properties", "required", "additionalProperties"}
 _ARRAY_KEYS = {"items", "prefixItems", "minItems", "maxItems"}
-_STRING_KEYS = {"minLength", "maxLength", "format"}
+_STRING_KEYS = {"minLength", "maxLength", "format", "pattern"}
+_NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+# allOf members that bound the same keyword: the tighter bound holds.
+_TIGHTER: dict[str, Callable[[Any, Any], Any]] = {
+    "minLength": max, "minItems": max, "minimum": max, "exclusiveMinimum": max,
+    "maxLength": min, "maxItems": min, "maximum": min, "exclusiveMaximum": min}
 
 
 def segment(key: str) -> str:
@@ -46,7 +52,8 @@ def count(schema: dict, key: str, default: int | None) -> int | None:
 
 def implied_type(schema: dict) -> str | None:
     """The type a schema's keywords imply when it names none."""
-    for kind, keys in (("object", _OBJECT_KEYS), ("array", _ARRAY_KEYS), ("string", _STRING_KEYS)):
+    for kind, keys in (("object", _OBJECT_KEYS), ("array", _ARRAY_KEYS), ("string", _STRING_KEYS),
+                       ("number", _NUMBER_KEYS)):
         if keys & set(schema):
             return kind
     return None
@@ -77,6 +84,10 @@ def _strings(value: Any, what: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(r, str) for r in value):
         raise bad(f"{what} must be a list of strings")
     return value
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class AllOf:
@@ -122,6 +133,12 @@ class AllOf:
                 elif key == "required":
                     out["required"].update(dict.fromkeys(
                         _strings(value, f"required in allOf at {where}")))
+                elif key == "pattern":
+                    # Every pattern holds: grammar_strings intersects them.
+                    held = out.get("pattern", [])
+                    out["pattern"] = [*(held if isinstance(held, list) else [held]), value]
+                elif key in _TIGHTER and key in out and _numeric(value) and _numeric(out[key]):
+                    out[key] = _TIGHTER[key](out[key], value)
                 elif key in out and out[key] != value:
                     raise bad(f"allOf members at {where} disagree on {key[:60]!r}")
                 else:
