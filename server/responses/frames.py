@@ -126,6 +126,10 @@ class OutputItems:
                   "function": {"name": _flat(i), "arguments": i["arguments"]}}
                  for i in self.items if i["type"] == "function_call"]
         message: dict = {"role": "assistant", "content": text or (None if calls else "")}
+        thought = "".join(p["text"] for i in self.items if i["type"] == "reasoning"
+                          for p in i["content"])
+        if thought:     # a continuation shows it where the template reads past thoughts
+            message["reasoning_content"] = thought
         if calls:
             message["tool_calls"] = calls
         return message

@@ -1,9 +1,10 @@
 """A Responses request's `input` as the chat messages the model's template
 renders: message items (user, system, developer, assistant; text parts),
 function_call items folded into the assistant turn they belong to,
-function_call_output items as tool results, and reasoning items checked
-(a sealed thought must be this server's) but not rendered, as chat
-templates drop past turns' thoughts. Every item the client sent is kept,
+function_call_output items as tool results, and reasoning items as the
+reasoning_content of the assistant turn they precede (a sealed thought
+must be this server's), which templates that read past thoughts render and
+the others drop. Every item the client sent is kept,
 with an id, for GET /v1/responses/{id}/input_items."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from llmctl.server.responses.store import ResponseStore, new_id
 
 _ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = ("input_text", "output_text", "text")
+_THOUGHT_PARTS = ("reasoning_text", "summary_text", "text")
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
               "reasoning": "rs"}
 
@@ -50,6 +52,22 @@ def _text(content: Any, where: str) -> str:
     return "".join(texts)
 
 
+def _thought(parts: Any, where: str) -> str:
+    """The text of a reasoning item's summary or content parts."""
+    if isinstance(parts, str):
+        return parts
+    if not isinstance(parts, list):
+        raise _bad(where, "must be a list of parts")
+    texts = []
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict) or part.get("type") not in _THOUGHT_PARTS \
+                or not isinstance(part.get("text"), str):
+            raise _bad(f"{where}[{j}]", "must be a reasoning_text or summary_text part "
+                       "with its 'text'")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
 def _string(item: dict, key: str, where: str, required: bool = True) -> str | None:
     value = item.get(key)
     if value is None and not required:
@@ -65,6 +83,12 @@ class _Conversation:
     def __init__(self, store: ResponseStore):
         self.store = store
         self.messages: list[dict] = []
+        self._thought: str | None = None    # a reasoning item's, for the next assistant turn
+
+    def _think(self, message: dict) -> None:
+        if self._thought is not None and "reasoning_content" not in message:
+            message["reasoning_content"] = self._thought
+        self._thought = None
 
     def message(self, item: dict, where: str) -> None:
         role = item.get("role")
@@ -73,6 +97,8 @@ class _Conversation:
         if "content" not in item:
             raise _bad(f"{where}.content", "is required")
         self.messages.append({"role": role, "content": _text(item["content"], f"{where}.content")})
+        if role == "assistant":
+            self._think(self.messages[-1])
 
     def function_call(self, item: dict, where: str) -> None:
         call_id = _string(item, "call_id", where)
@@ -89,6 +115,7 @@ class _Conversation:
                 last["content"] = None
         else:
             self.messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        self._think(self.messages[-1])
 
     def function_call_output(self, item: dict, where: str) -> None:
         call_id = _string(item, "call_id", where)
@@ -98,12 +125,16 @@ class _Conversation:
                               "content": _text(item["output"], f"{where}.output")})
 
     def reasoning(self, item: dict, where: str) -> None:
+        """The thought: what this server sealed, else the item's own
+        reasoning text, else its summary."""
+        texts = {key: _thought(item[key], f"{where}.{key}")
+                 for key in ("summary", "content") if item.get(key) is not None}
         sealed = item.get("encrypted_content")
         if sealed is not None:
-            self.store.unseal(sealed, f"{where}.encrypted_content")
-        for key in ("summary", "content"):
-            if item.get(key) is not None:
-                _text(item[key], f"{where}.{key}")
+            texts["sealed"] = self.store.unseal(sealed, f"{where}.encrypted_content")
+        thought = texts.get("sealed") or texts.get("content") or texts.get("summary")
+        if thought:
+            self._thought = thought if self._thought is None else self._thought + "\n" + thought
 
 
 def input_messages(value: Any, store: ResponseStore) -> tuple[list[dict], list[dict]]:
