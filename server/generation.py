@@ -112,6 +112,7 @@ class Answer:
     text: str
     finish: FinishEvent
     logprobs: list[TokenLogprob]
+    pieces: tuple[str, ...] = ()    # the text as the engine released it (its tokens, mostly)
 
 
 class Frames(Protocol):
@@ -336,5 +337,6 @@ async def collect(merged: Merged) -> list[Answer] | None:
             if event.reason == "cancelled":
                 return None
             parts[index].append(event.tail)
-            answers[index] = Answer("".join(parts[index]), event, logprobs[index])
+            answers[index] = Answer("".join(parts[index]), event, logprobs[index],
+                                    tuple(parts[index]))
     return [a for a in answers if a is not None]

@@ -31,8 +31,8 @@ def _bad(where: str, what: str) -> InvalidParams:
     return InvalidParams(f"'{where}' {what}", param="input")
 
 
-def _text(content: Any, where: str) -> str:
-    """The text of a content field: a string, or text parts joined."""
+def _text(content: Any, where: str, kinds: tuple[str, ...] = _TEXT_PARTS, sep: str = "") -> str:
+    """The text of a content field: a string, or its parts of `kinds` joined."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -40,32 +40,16 @@ def _text(content: Any, where: str) -> str:
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
+        if kind in kinds and isinstance(part.get("text"), str):
             texts.append(part["text"])
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
         elif isinstance(kind, str):
             raise _bad(f"{where}[{j}]", f"is a {kind[:32]!r} part, which llmctl does not "
-                       "support (text parts only)")
+                       f"support here ({', '.join(kinds)} parts only)")
         else:
             raise _bad(f"{where}[{j}]", "must be an object with a 'type' and its 'text'")
-    return "".join(texts)
-
-
-def _thought(parts: Any, where: str) -> str:
-    """The text of a reasoning item's summary or content parts."""
-    if isinstance(parts, str):
-        return parts
-    if not isinstance(parts, list):
-        raise _bad(where, "must be a list of parts")
-    texts = []
-    for j, part in enumerate(parts):
-        if not isinstance(part, dict) or part.get("type") not in _THOUGHT_PARTS \
-                or not isinstance(part.get("text"), str):
-            raise _bad(f"{where}[{j}]", "must be a reasoning_text or summary_text part "
-                       "with its 'text'")
-        texts.append(part["text"])
-    return "\n".join(texts)
+    return sep.join(texts)
 
 
 def _string(item: dict, key: str, where: str, required: bool = True) -> str | None:
@@ -127,7 +111,7 @@ class _Conversation:
     def reasoning(self, item: dict, where: str) -> None:
         """The thought: what this server sealed, else the item's own
         reasoning text, else its summary."""
-        texts = {key: _thought(item[key], f"{where}.{key}")
+        texts = {key: _text(item[key], f"{where}.{key}", _THOUGHT_PARTS, "\n")
                  for key in ("summary", "content") if item.get(key) is not None}
         sealed = item.get("encrypted_content")
         if sealed is not None:
