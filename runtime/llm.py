@@ -210,11 +210,14 @@ class LLM:
 
     # ---- prompts ----------------------------------------------------------------
 
-    def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None,
+                    thinking: bool | None = None) -> list[int]:
         """Tokens of a conversation rendered by the model's chat template,
-        with `tools` offered to it. Raises InvalidParams for malformed
+        with `tools` offered to it and its thought on or off (`thinking`;
+        None: the template's default). Raises InvalidParams for malformed
         messages or tools, or tools the template can't render."""
-        return self.text_tokens(self.template.render(normalize_messages(messages), tools))
+        return self.text_tokens(self.template.render(normalize_messages(messages), tools,
+                                                     thinking=thinking))
 
     def text_tokens(self, text: str) -> list[int]:
         """Tokens of a prompt text. Raises InvalidParams for a non-string and

@@ -43,12 +43,25 @@ class ChatShaper:
             started_in_thought=setup.started_in_thought)
         self._deltas: list = []
         self.n_calls = 0
+        # Pieces fed (the engine's tokens, as it releases them) before the
+        # first content or call, and whether a thought was among them.
+        self._before_answer, self._thought_seen, self._answering = 0, False, False
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """The tokens fed so far that went to the answer's leading thought."""
+        return self._before_answer if self._thought_seen else 0
 
     def feed(self, text: str) -> list[dict]:
         """OpenAI `delta` objects for a piece of generated text."""
         if self._parser is None:
             return [{"content": text}] if text else []
-        return self._shape(self._parser.feed(text))
+        out = self._shape(self._parser.feed(text))
+        if not self._answering:
+            self._thought_seen |= any("reasoning_content" in d for d in out)
+            self._answering = any("content" in d or "tool_calls" in d for d in out)
+            self._before_answer += not self._answering
+        return out
 
     def finish(self, tail: str = "") -> list[dict]:
         """The deltas still held back at the end of the answer."""

@@ -6,7 +6,8 @@ share."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 from llmctl.errors import InvalidParams
 from llmctl.runtime.sampling import MAX_STOPS, SamplingParams
@@ -80,3 +81,42 @@ def parse_sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
             raise InvalidParams(f"'stop' may hold at most {MAX_STOPS} strings", param="stop")
         values["stop"] = tuple(s for s in stop if s)
     return defaults.replace(**values)
+
+
+@dataclass(frozen=True)
+class ThinkingAsk:
+    """A request's word on the model's thought: on, off, or None for the
+    template's default, and the request fields that asked for a thought.
+    The choice is applied where the model's template thinks
+    (ChatTemplate.render). Those fields are listed among the request's
+    ignored ones when parsed, since on a model whose template does not
+    think they have nothing to map to; `named` takes them out again where
+    the template thinks."""
+
+    on: bool | None = None
+    fields: tuple[str, ...] = ()
+
+    def named(self, ignored: Sequence[str], thinks: bool) -> list[str]:
+        """`ignored` as the response names it on a model whose template
+        thinks (or not): without this ask's fields where they were applied.
+        Raises nothing."""
+        return [f for f in ignored if not (thinks and f in self.fields)]
+
+
+# OpenAI's reasoning efforts (Chat Completions' reasoning_effort, Responses'
+# reasoning.effort): none and minimal ask a model to answer without a thought.
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def effort_thinking(effort: str | None, name: str) -> ThinkingAsk:
+    """The ThinkingAsk of an OpenAI reasoning effort (None: not given) sent
+    as field `name`; one that asks for a thought names `name` in its
+    fields. Raises InvalidParams naming `name` for a value not in
+    EFFORTS."""
+    if effort is None:
+        return ThinkingAsk()
+    if effort not in EFFORTS:
+        raise InvalidParams(f"'{name}' must be one of {', '.join(EFFORTS)}",
+                            param=name.split(".")[0])
+    on = effort not in ("none", "minimal")
+    return ThinkingAsk(on, (name,) if on else ())

@@ -51,6 +51,7 @@ class ChatPrompt:
 
     messages: list[dict]
     tools: list[dict] | None = None
+    thinking: bool | None = None    # the model's thought on or off; None: the template's
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ class Answer:
     text: str
     finish: FinishEvent
     logprobs: list[TokenLogprob]
+    pieces: tuple[str, ...] = ()    # the text as the engine released it (its tokens, mostly)
 
 
 class Frames(Protocol):
@@ -230,7 +232,7 @@ def prompt_tokens(llm: LLM, prompt: Prompt) -> list[int]:
     Raises InvalidParams (param "prompt" for ids outside the vocabulary)
     and ContextOverflow, as LLM.chat_tokens and LLM.text_tokens do."""
     if isinstance(prompt, ChatPrompt):
-        return llm.chat_tokens(prompt.messages, prompt.tools)
+        return llm.chat_tokens(prompt.messages, prompt.tools, prompt.thinking)
     if isinstance(prompt, TextPrompt):
         return llm.text_tokens(prompt.text)
     if not all(t < llm.n_vocab for t in prompt.ids):
@@ -335,5 +337,6 @@ async def collect(merged: Merged) -> list[Answer] | None:
             if event.reason == "cancelled":
                 return None
             parts[index].append(event.tail)
-            answers[index] = Answer("".join(parts[index]), event, logprobs[index])
+            answers[index] = Answer("".join(parts[index]), event, logprobs[index],
+                                    tuple(parts[index]))
     return [a for a in answers if a is not None]

@@ -84,3 +84,56 @@ def test_tojson_is_transformers_filter_not_jinjas():
     # text the model saw in training.
     t = ChatTemplate("{{ {'b': \"<é&'>\", 'a': 1} | tojson }}|{{ [1] | tojson(indent=2) }}")
     assert t.render(MSGS) == '{"b": "<é&\'>", "a": 1}|[\n  1\n]'
+
+
+# Small templates of each way a template thinks.
+_TURNS = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+SWITCH = (_TURNS + "{% if add_generation_prompt %}<|assistant|>"
+          "{% if enable_thinking is defined and enable_thinking is false %}"
+          "<think>\n\n</think>\n\n{% endif %}{% endif %}")
+OPENS = _TURNS + "{% if add_generation_prompt %}<|assistant|><think>\n{% endif %}"
+TAGS = ("{% for m in messages %}<|{{ m.role }}|>"
+        "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+        "{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+@pytest.mark.parametrize("source, kind", [
+    (SWITCH, "switch"), (OPENS, "opens"), (TAGS, "tags"), (None, None),
+    ("{{ raise_exception('no') }}", None),
+])
+def test_how_a_template_thinks(source, kind):
+    assert ChatTemplate(source).thinking == kind
+
+
+def test_a_switch_template_gets_enable_thinking():
+    t = ChatTemplate(SWITCH)
+    on = "<|user|>hi\n<|assistant|>"
+    assert t.render(MSGS) == t.render(MSGS, thinking=True) == on
+    assert t.render(MSGS, thinking=False) == on + "<think>\n\n</think>\n\n"
+
+
+def test_an_opened_thought_is_closed_when_thinking_is_off():
+    t = ChatTemplate(OPENS)
+    assert t.render(MSGS, thinking=True) == "<|user|>hi\n<|assistant|><think>\n"
+    # What Qwen3's template writes for enable_thinking=false.
+    assert t.render(MSGS, thinking=False) == "<|user|>hi\n<|assistant|><think>\n\n</think>\n\n"
+    assert t.render(MSGS, add_generation_prompt=False, thinking=False) == "<|user|>hi\n"
+
+
+def test_thinking_off_on_a_tags_template_writes_the_empty_thought():
+    t = ChatTemplate(TAGS)
+    assert t.render(MSGS, thinking=False) == "<|user|>hi\n<|assistant|><think>\n\n</think>\n\n"
+    # A template that does not think is left as it is.
+    assert ChatTemplate(None).render(MSGS, thinking=False) == ChatTemplate(None).render(MSGS)
+
+
+def test_past_reasoning_reaches_a_template_that_reads_it():
+    msgs = normalize_messages([{"role": "user", "content": "hi"},
+                               {"role": "assistant", "content": "4", "reasoning_content": "2+2"},
+                               {"role": "user", "content": "ok"}])
+    assert msgs[1]["reasoning_content"] == "2+2"
+    assert ChatTemplate(TAGS).reads_reasoning
+    assert "<think>2+2</think>4" in ChatTemplate(TAGS).render(msgs)
+    assert not ChatTemplate(None).reads_reasoning and "2+2" not in ChatTemplate(None).render(msgs)
+    with pytest.raises(InvalidParams, match=r"messages\[0\]\.reasoning_content"):
+        normalize_messages([{"role": "assistant", "content": "", "reasoning_content": 5}])

@@ -14,13 +14,14 @@ import json
 import re
 from datetime import datetime
 from functools import cached_property, lru_cache
-from typing import Any
+from typing import Any, Literal
 
 from jinja2 import TemplateError as JinjaTemplateError
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from llmctl.errors import InvalidParams, TemplateError
+from llmctl.runtime.formats.reasoning import THINK_CLOSE, THINK_OPEN, opens_thought
 from llmctl.runtime.formats.tool_calls import ToolFormat, detect_format
 from llmctl.runtime.formats.tool_schema import normalize_tool_calls, normalize_tool_result, validate_tools
 
@@ -36,6 +37,12 @@ CHATML = (
 
 # A template that never names `tools` cannot show them to the model.
 _USES_TOOLS = re.compile(r"\btools\b")
+# What Qwen3's template writes after the generation prompt for
+# enable_thinking=false: an empty thought, so the model answers at once.
+EMPTY_THOUGHT = f"{THINK_OPEN}\n\n{THINK_CLOSE}\n\n"
+# How a template thinks (ChatTemplate.thinking): it reads the switch, it
+# opens the thought in the generation prompt, or it only knows the tags.
+ThinkingKind = Literal["switch", "opens", "tags"]
 
 
 def _raise(message: str) -> None:
@@ -77,13 +84,39 @@ class ChatTemplate:
         """The tool-call syntax this template teaches the model."""
         return detect_format(self.source)
 
+    @cached_property
+    def thinking(self) -> ThinkingKind | None:
+        """How the template thinks: "switch" (it reads `enable_thinking`,
+        as Qwen3's does), "opens" (its generation prompt ends inside
+        `<think>`, as DeepSeek-R1's), "tags" (it only mentions `<think>` or
+        `reasoning_content`), None when it does not think. Raises nothing."""
+        if "enable_thinking" in self.source:
+            return "switch"
+        try:
+            probe = self._template.render(messages=[{"role": "user", "content": "hi"}],
+                                          tools=None, add_generation_prompt=True,
+                                          bos_token=self.bos_token, eos_token=self.eos_token)
+        except Exception:  # any Jinja error in untrusted code: judge by its text
+            probe = ""
+        if opens_thought(probe):
+            return "opens"
+        if THINK_OPEN in self.source or "reasoning_content" in self.source:
+            return "tags"
+        return None
+
+    @property
+    def reads_reasoning(self) -> bool:
+        """Whether the template shows an assistant turn's reasoning_content
+        (past thoughts) to the model."""
+        return "reasoning_content" in self.source
+
     @property
     def supports_tools(self) -> bool:
         """Whether the template shows a request's tools to the model."""
         return _USES_TOOLS.search(self.source) is not None
 
     def render(self, messages: list[dict], tools: list[dict] | None = None, *,
-               add_generation_prompt: bool = True) -> str:
+               add_generation_prompt: bool = True, thinking: bool | None = None) -> str:
         """The prompt for `messages` (as normalize_messages returns them) and
         `tools` (the request's, validated here; None or [] for none).
         Raises InvalidParams(param="tools") for malformed tools or tools
@@ -93,19 +126,26 @@ class ChatTemplate:
         TemplateError when the template fails or tries to leave the sandbox.
         A template that never names the developer role gets developer
         messages as system ones (OpenAI's newer name for them), so they are
-        not dropped unseen."""
+        not dropped unseen. `thinking` (None: the template's default) turns
+        the model's thought on or off where the template thinks: the
+        switch's `enable_thinking`, else an off thought closed at once in
+        the prompt (the empty thought Qwen3's template writes)."""
         tools = self._tools(messages, tools)
         if "developer" not in self.source:
             messages = [{**m, "role": "system"} if m.get("role") == "developer" else m
                         for m in messages]
+        extra = {} if thinking is None or self.thinking != "switch" else \
+            {"enable_thinking": thinking}
+        prompt = self._render(messages=messages, tools=tools or None,
+                              add_generation_prompt=add_generation_prompt,
+                              bos_token=self.bos_token, eos_token=self.eos_token, **extra)
+        if thinking is not False or not add_generation_prompt:
+            return prompt
+        return _closed_thought(prompt, self.thinking, THINK_OPEN in self.source)
+
+    def _render(self, **variables: Any) -> str:
         try:
-            return self._template.render(
-                messages=messages,
-                tools=tools or None,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-            )
+            return self._template.render(**variables)
         except TemplateError:
             raise
         except SecurityError as e:
@@ -127,6 +167,15 @@ class ChatTemplate:
         return tools
 
 
+def _closed_thought(prompt: str, kind: ThinkingKind | None, knows_tags: bool) -> str:
+    """`prompt` with the model's thought closed before it begins."""
+    if opens_thought(prompt):
+        return prompt.rstrip() + EMPTY_THOUGHT[len(THINK_OPEN):]
+    if kind == "tags" and knows_tags:
+        return prompt + EMPTY_THOUGHT
+    return prompt
+
+
 # OpenAI's roles; "function" is the legacy tool result, kept for history.
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
@@ -134,14 +183,16 @@ ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 def normalize_messages(messages) -> list[dict]:
     """Validate OpenAI-style messages for a template: text content parts
     flattened to one string, an assistant message's tool_calls kept with
-    their arguments parsed (normalize_tool_calls), a tool message's
+    their arguments parsed (normalize_tool_calls) and its reasoning_content
+    (a past thought, for templates that read it), a tool message's
     tool_call_id and name kept, a legacy function result's name kept.
     Raises InvalidParams (param="messages") naming the message and
     field for anything else: no messages, a message that is not an object, a
     role not in ROLES, content that is missing or null (allowed only beside
     an assistant's tool_calls), not a string or not a list of text parts, a
     malformed tool call or tool result, tool_calls outside an assistant
-    message, and the legacy function_call."""
+    message, a reasoning_content that is not a string, and the legacy
+    function_call."""
     if not isinstance(messages, list) or not messages:
         raise InvalidParams("messages must be a non-empty list", param="messages")
     return [_message(i, m) for i, m in enumerate(messages)]
@@ -162,6 +213,12 @@ def _message(i: int, message) -> dict:
                             "(only an assistant message with tool_calls may omit it)",
                             param="messages")
     out: dict[str, Any] = {"role": role, "content": _content(i, content)}
+    thought = message.get("reasoning_content") if role == "assistant" else None
+    if thought is not None:
+        if not isinstance(thought, str):
+            raise InvalidParams(f"messages[{i}].reasoning_content must be a string",
+                                param="messages")
+        out["reasoning_content"] = thought      # shown where the template reads it
     if calls:
         out["tool_calls"] = calls
     if role == "tool":

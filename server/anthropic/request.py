@@ -14,7 +14,7 @@ from typing import Any
 from llmctl.errors import InvalidParams
 from llmctl.runtime.sampling import MAX_STOPS, SamplingParams
 from llmctl.server.anthropic.content import chat_messages, keep_thinking, system_messages
-from llmctl.server.fields import parse_sampling, typed_field
+from llmctl.server.fields import ThinkingAsk, parse_sampling, typed_field
 from llmctl.server.tool_protocol import Structured, parse_structured
 
 # Fields that change nothing here: billing, routing and cache hints (the
@@ -45,8 +45,9 @@ class MessagesRequest:
     params: SamplingParams
     structured: Structured
     messages: list[dict]            # for the template; LLM.chat_tokens validates the rest
-    thinking: bool                  # thinking blocks asked for (enabled or adaptive)
+    thinking: bool                  # thinking blocks asked for (a thought turned on)
     ignored: list[str] = field(default_factory=list)   # accepted, not applied
+    think: ThinkingAsk = ThinkingAsk()  # thinking and effort, for the template
 
 
 def parse_messages(body: dict, count_only: bool, defaults: SamplingParams) -> MessagesRequest:
@@ -64,16 +65,15 @@ def parse_messages(body: dict, count_only: bool, defaults: SamplingParams) -> Me
     max_tokens = typed_field(body, "max_tokens", (int,))
     if max_tokens is None and not count_only:
         raise InvalidParams("'max_tokens' is required", param="max_tokens")
-    thinking = _thinking(body.get("thinking"), ignored)
     effort, fmt = _output_config(body)
-    if effort is not None:
-        ignored.append("output_config.effort")
+    think = _thinking(body.get("thinking"), effort, ignored)
     edits = _edits(body.get("context_management"), ignored)
     messages = system_messages(body.get("system")) + chat_messages(body.get("messages"),
                                                                    keep_thinking(edits))
     return MessagesRequest(model or None, bool(typed_field(body, "stream", (bool,))),
                            _sampling(body, defaults, None if count_only else max_tokens),
-                           _structured(body, fmt, ignored), messages, thinking, ignored)
+                           _structured(body, fmt, ignored), messages, think.on is True, ignored,
+                           think)
 
 
 def _shown(key: str) -> str:
@@ -96,22 +96,35 @@ def _sampling(body: dict, defaults: SamplingParams, max_tokens: int | None) -> S
     return parse_sampling(fields, defaults)
 
 
-def _thinking(value: Any, ignored: list[str]) -> bool:
-    """Whether thinking blocks are asked for. budget_tokens is checked but
-    not applied: llmctl cannot bound how long a model thinks."""
+def _thinking(value: Any, effort: str | None, ignored: list[str]) -> ThinkingAsk:
+    """The thought asked for: `thinking` enabled or adaptive turns it on,
+    disabled off; an `effort` (each of Anthropic's thinks) turns it on
+    unless thinking is disabled. The fields that ask for a thought go in
+    `ignored` (routes take them out where the template thinks); adaptive
+    asks for none, as a model may answer it without one. budget_tokens is
+    checked but not applied: llmctl does not bound how long a model thinks."""
     if value is None:
-        return False
-    if not isinstance(value, dict) or value.get("type") not in _THINKING_TYPES:
+        on: bool | None = None
+    elif not isinstance(value, dict) or value.get("type") not in _THINKING_TYPES:
         raise InvalidParams("'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": N}, "
                             "{\"type\": \"adaptive\"} or {\"type\": \"disabled\"}",
                             param="thinking")
-    if value["type"] == "enabled":
+    else:
+        on = value["type"] != "disabled"
+    fields: tuple[str, ...] = ()
+    if value is not None and value["type"] == "enabled":
         budget = value.get("budget_tokens")
         if type(budget) is not int or budget < 1:
             raise InvalidParams("'thinking.budget_tokens' must be a positive integer",
                                 param="thinking")
-        ignored.append("thinking.budget_tokens")
-    return value["type"] != "disabled"
+        fields = ("thinking",)
+        ignored += ["thinking", "thinking.budget_tokens"]
+    if effort is not None:
+        # With thinking disabled there is no thought for the effort to shape.
+        fields += ("output_config.effort",) if on is not False else ()
+        on = on is not False
+        ignored.append("output_config.effort")
+    return ThinkingAsk(on, fields)
 
 
 def _output_config(body: dict) -> tuple[str | None, dict | None]:

@@ -33,11 +33,11 @@ async def messages(request: Request) -> Response:
     """A message from the model for the conversation, whole or as events."""
     # parse_generation's flag is `count_only` here: a message needs max_tokens.
     state, req = await gen.parse_generation(request, _CONVERTING, parse_messages, False)
-    generation = gen.GenerationRequest(req.model, None,
-                                       gen.ChatPrompt(req.messages, req.structured.tools),
-                                       req.structured, stream=req.stream)
-    response = await gen.respond(request, generation, _Messages(req, state.reasoning_format))
-    return _named(response, req)
+    generation = gen.GenerationRequest(req.model, None, _prompt(req), req.structured,
+                                       stream=req.stream)
+    dialect = _Messages(req, state.reasoning_format)
+    response = await gen.respond(request, generation, dialect)
+    return _named(response, req, dialect.thinks)
 
 
 @router.post("/v1/messages/count_tokens")
@@ -48,17 +48,22 @@ async def count_tokens(request: Request) -> Response:
     lease = await state.lease(req.model)
 
     async def count() -> Response:
-        prompt = gen.ChatPrompt(req.messages, req.structured.tools)
-        tokens = await run_on(state.workers.render, gen.prompt_tokens, lease.llm, prompt)
+        tokens = await run_on(state.workers.render, gen.prompt_tokens, lease.llm, _prompt(req))
         return JSONResponse({"input_tokens": len(tokens)})
 
-    return _named(await leased(lease, count()), req)
+    return _named(await leased(lease, count()), req, lease.llm.thinks)
 
 
-def _named(response: Response, req: MessagesRequest) -> Response:
-    """`response` with the fields accepted but not applied named in a header."""
-    if req.ignored:
-        names = ", ".join(dict.fromkeys(req.ignored))
+def _prompt(req: MessagesRequest) -> gen.ChatPrompt:
+    return gen.ChatPrompt(req.messages, req.structured.tools, req.think.on)
+
+
+def _named(response: Response, req: MessagesRequest, thinks: bool) -> Response:
+    """`response` with the fields accepted but not applied named in a
+    header: the thought's fields too on a model whose template does not think."""
+    ignored = req.think.named(req.ignored, thinks)
+    if ignored:
+        names = ", ".join(dict.fromkeys(ignored))
         response.headers[IGNORED_HEADER] = names
         log.info("/v1/messages: accepted without applying: %s", names)
     return response
@@ -73,6 +78,7 @@ class _Messages(gen.SseDialect):
 
     def __init__(self, req: MessagesRequest, reasoning_format: str):
         self.req, self.reasoning_format = req, reasoning_format
+        self.thinks = False             # whether the model's template thinks, once known
 
     def sampling(self, n_ctx: int) -> SamplingParams:
         return self.req.params
@@ -86,7 +92,7 @@ class _Messages(gen.SseDialect):
         return params
 
     def reading(self, prompt: gen.PromptFacts) -> ToolSetup | None:
-        thinks = prompt.thinks or prompt.started_in_thought
+        thinks = self.thinks = prompt.thinks or prompt.started_in_thought
         # A thought is always split off: as thinking blocks when asked
         # for, left out of the text otherwise.
         structured = replace(self.req.structured,

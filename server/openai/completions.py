@@ -52,12 +52,17 @@ async def _generate(request: Request, chat: bool) -> Response:
                                         chat)
     generation = GenerationRequest(req.model, req.keep_alive, _prompt(req), req.structured,
                                    req.n, req.stream)
-    return await respond(request, generation, _Completions(req, chat, state.reasoning_format))
+    dialect = _Completions(req, chat, state.reasoning_format)
+    response = await respond(request, generation, dialect)
+    unapplied = req.think.named(req.think.fields, dialect.thinks)
+    if unapplied:       # reasoning_effort on a model whose template does not think
+        response.headers["x-llmctl-ignored-fields"] = ",".join(unapplied)
+    return response
 
 
 def _prompt(req: ParsedRequest) -> Prompt:
     if req.messages is not None:
-        return ChatPrompt(req.messages, req.structured.tools)
+        return ChatPrompt(req.messages, req.structured.tools, req.think.on)
     if isinstance(req.prompt, list):
         return TokenPrompt(req.prompt)
     return TextPrompt(req.prompt or "")
@@ -69,11 +74,13 @@ class _Completions(SseDialect):
 
     def __init__(self, req: ParsedRequest, chat: bool, reasoning_format: str):
         self.req, self.chat, self.reasoning_format = req, chat, reasoning_format
+        self.thinks = False             # whether the model's template thinks, once known
 
     def sampling(self, n_ctx: int) -> SamplingParams:
         return self.req.params
 
     def reading(self, prompt: PromptFacts) -> ToolSetup | None:
+        self.thinks = prompt.thinks or prompt.started_in_thought
         return self.req.structured.setup(
             prompt.tool_format, self.reasoning_format, thinks=prompt.thinks,
             started_in_thought=self.chat and prompt.started_in_thought)

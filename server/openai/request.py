@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from llmctl.errors import InvalidParams
 from llmctl.runtime.sampling import MAX_TOP_LOGPROBS, SamplingParams
-from llmctl.server.fields import parse_sampling, typed_field
+from llmctl.server.fields import ThinkingAsk, effort_thinking, parse_sampling, typed_field
 from llmctl.server.tool_protocol import Structured, parse_structured
 
 # Choices per request: each is a sequence in the batch, so this bounds what
@@ -119,12 +119,14 @@ class ParsedRequest:
     prompt: str | list[int] | None  # completions: text, or token ids >= 0 (the
                                     # caller checks them against the vocabulary)
     keep_alive: object = None       # Ollama's field, as sent; ServerState.lease checks it
+    think: ThinkingAsk = ThinkingAsk()  # chat: reasoning_effort, for the template
 
 
 def parse_request(body: dict, chat: bool, defaults: SamplingParams) -> ParsedRequest:
     """Validate a whole completion request. Raises InvalidParams with `param`
     naming the field: a wrong type, a value out of range, a missing
-    messages/prompt, or a field llmctl does not implement (logprobs,
+    messages/prompt, a reasoning_effort outside OpenAI's (or on a
+    completion), or a field llmctl does not implement (logprobs,
     n > 1, ...). Fields that change nothing (user, metadata, store, ...)
     are accepted."""
     for key, asks in _UNSUPPORTED.items():
@@ -135,8 +137,13 @@ def parse_request(body: dict, chat: bool, defaults: SamplingParams) -> ParsedReq
     params = parse_sampling(body, defaults).replace(logprobs=parse_logprobs(body, chat))
     structured = parse_structured(body, chat)
     head = (model, stream, include_usage, n, params, structured)
+    effort = typed_field(body, "reasoning_effort", (str,))
     if chat:
         if body.get("messages") is None:
             raise InvalidParams("'messages' is required", param="messages")
-        return ParsedRequest(*head, body["messages"], None, body.get("keep_alive"))
+        return ParsedRequest(*head, body["messages"], None, body.get("keep_alive"),
+                             effort_thinking(effort, "reasoning_effort"))
+    if effort is not None:
+        raise InvalidParams("'reasoning_effort' is a chat field: a prompt has no template "
+                            "to think in", param="reasoning_effort")
     return ParsedRequest(*head, None, _prompt(body), body.get("keep_alive"))

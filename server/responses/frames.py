@@ -126,6 +126,10 @@ class OutputItems:
                   "function": {"name": _flat(i), "arguments": i["arguments"]}}
                  for i in self.items if i["type"] == "function_call"]
         message: dict = {"role": "assistant", "content": text or (None if calls else "")}
+        thought = "".join(p["text"] for i in self.items if i["type"] == "reasoning"
+                          for p in i["content"])
+        if thought:     # a continuation shows it where the template reads past thoughts
+            message["reasoning_content"] = thought
         if calls:
             message["tool_calls"] = calls
         return message
@@ -136,14 +140,15 @@ def _flat(item: dict) -> str:
     return f"{namespace}__{item['name']}" if namespace else item["name"]
 
 
-def usage_dict(usage: Usage) -> dict:
-    """`usage` in the Responses API's shape."""
+def usage_dict(usage: Usage, reasoning_tokens: int = 0) -> dict:
+    """`usage` in the Responses API's shape; `reasoning_tokens` of the
+    output went to the thought."""
     return {"input_tokens": usage.prompt_tokens,
             "input_tokens_details": {"cached_tokens": usage.cached_tokens,
                                      "cache_write_tokens": 0},
             "output_tokens": usage.completion_tokens,
-            # Thought and answer tokens are not counted apart.
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": min(reasoning_tokens,
+                                                              usage.completion_tokens)},
             "total_tokens": usage.total_tokens}
 
 
@@ -156,13 +161,14 @@ class ResponseObject:
         self.model, self.echo = model, echo
 
     def shape(self, status: str, output: list[dict], usage: Usage | None = None,
-              error: dict | None = None) -> dict:
-        """The object with `status`, `output` and (once known) `usage`."""
+              error: dict | None = None, reasoning_tokens: int = 0) -> dict:
+        """The object with `status`, `output` and (once known) `usage`, of
+        which `reasoning_tokens` went to the thought."""
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
         return {"id": self.id, "object": "response", "created_at": self.created_at,
                 "status": status, "error": error, "incomplete_details": incomplete,
                 "model": self.model, "output": output, **self.echo,
-                "usage": usage_dict(usage) if usage is not None else None,
+                "usage": usage_dict(usage, reasoning_tokens) if usage is not None else None,
                 **({"completed_at": int(time.time())} if status == "completed" else {})}
 
 
@@ -220,7 +226,8 @@ class Reply:
             events += self.items.push(delta)
         status = "incomplete" if event.reason == "length" else "completed"
         events += self.items.close(status)
-        final = self.obj.shape(status, self.items.items, event.usage)
+        final = self.obj.shape(status, self.items.items, event.usage,
+                               reasoning_tokens=self.shaper.reasoning_tokens)
         self.on_final(final, self.items.assistant_message())
         return final
 
@@ -228,6 +235,8 @@ class Reply:
         """The whole response object for the one answer."""
         answer = answers[0]
         events: list[dict] = []
-        for delta in self.shaper.feed(answer.text):
-            events += self.items.push(delta)
+        # Piece by piece, as a stream is read: the thought's tokens are counted so.
+        for piece in [p for p in answer.pieces if p] or [answer.text]:
+            for delta in self.shaper.feed(piece):
+                events += self.items.push(delta)
         return self._finish(answer.finish, "", events)

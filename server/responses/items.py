@@ -1,9 +1,10 @@
 """A Responses request's `input` as the chat messages the model's template
 renders: message items (user, system, developer, assistant; text parts),
 function_call items folded into the assistant turn they belong to,
-function_call_output items as tool results, and reasoning items checked
-(a sealed thought must be this server's) but not rendered, as chat
-templates drop past turns' thoughts. Every item the client sent is kept,
+function_call_output items as tool results, and reasoning items as the
+reasoning_content of the assistant turn they precede (a sealed thought
+must be this server's), which templates that read past thoughts render and
+the others drop. Every item the client sent is kept,
 with an id, for GET /v1/responses/{id}/input_items."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from llmctl.server.responses.store import ResponseStore, new_id
 
 _ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = ("input_text", "output_text", "text")
+_THOUGHT_PARTS = ("reasoning_text", "summary_text", "text")
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
               "reasoning": "rs"}
 
@@ -29,8 +31,8 @@ def _bad(where: str, what: str) -> InvalidParams:
     return InvalidParams(f"'{where}' {what}", param="input")
 
 
-def _text(content: Any, where: str) -> str:
-    """The text of a content field: a string, or text parts joined."""
+def _text(content: Any, where: str, kinds: tuple[str, ...] = _TEXT_PARTS, sep: str = "") -> str:
+    """The text of a content field: a string, or its parts of `kinds` joined."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -38,16 +40,16 @@ def _text(content: Any, where: str) -> str:
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
+        if kind in kinds and isinstance(part.get("text"), str):
             texts.append(part["text"])
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
         elif isinstance(kind, str):
             raise _bad(f"{where}[{j}]", f"is a {kind[:32]!r} part, which llmctl does not "
-                       "support (text parts only)")
+                       f"support here ({', '.join(kinds)} parts only)")
         else:
             raise _bad(f"{where}[{j}]", "must be an object with a 'type' and its 'text'")
-    return "".join(texts)
+    return sep.join(texts)
 
 
 def _string(item: dict, key: str, where: str, required: bool = True) -> str | None:
@@ -65,6 +67,12 @@ class _Conversation:
     def __init__(self, store: ResponseStore):
         self.store = store
         self.messages: list[dict] = []
+        self._thought: str | None = None    # a reasoning item's, for the next assistant turn
+
+    def _think(self, message: dict) -> None:
+        if self._thought is not None and "reasoning_content" not in message:
+            message["reasoning_content"] = self._thought
+        self._thought = None
 
     def message(self, item: dict, where: str) -> None:
         role = item.get("role")
@@ -73,6 +81,8 @@ class _Conversation:
         if "content" not in item:
             raise _bad(f"{where}.content", "is required")
         self.messages.append({"role": role, "content": _text(item["content"], f"{where}.content")})
+        if role == "assistant":
+            self._think(self.messages[-1])
 
     def function_call(self, item: dict, where: str) -> None:
         call_id = _string(item, "call_id", where)
@@ -89,6 +99,7 @@ class _Conversation:
                 last["content"] = None
         else:
             self.messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        self._think(self.messages[-1])
 
     def function_call_output(self, item: dict, where: str) -> None:
         call_id = _string(item, "call_id", where)
@@ -98,12 +109,16 @@ class _Conversation:
                               "content": _text(item["output"], f"{where}.output")})
 
     def reasoning(self, item: dict, where: str) -> None:
+        """The thought: what this server sealed, else the item's own
+        reasoning text, else its summary."""
+        texts = {key: _text(item[key], f"{where}.{key}", _THOUGHT_PARTS, "\n")
+                 for key in ("summary", "content") if item.get(key) is not None}
         sealed = item.get("encrypted_content")
         if sealed is not None:
-            self.store.unseal(sealed, f"{where}.encrypted_content")
-        for key in ("summary", "content"):
-            if item.get(key) is not None:
-                _text(item[key], f"{where}.{key}")
+            texts["sealed"] = self.store.unseal(sealed, f"{where}.encrypted_content")
+        thought = texts.get("sealed") or texts.get("content") or texts.get("summary")
+        if thought:
+            self._thought = thought if self._thought is None else self._thought + "\n" + thought
 
 
 def input_messages(value: Any, store: ResponseStore) -> tuple[list[dict], list[dict]]:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from llmctl.errors import InvalidParams
 from llmctl.runtime.sampling import SamplingParams
-from llmctl.server.fields import parse_sampling, typed_field
+from llmctl.server.fields import EFFORTS, ThinkingAsk, effort_thinking, parse_sampling, typed_field
 from llmctl.server.responses.items import flat_name, input_messages
 from llmctl.server.responses.store import ID_RE, ResponseStore, StoredResponse
 from llmctl.server.tool_protocol import Structured, parse_structured
@@ -33,7 +33,6 @@ SEALED_REASONING = "reasoning.encrypted_content"
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _FUNCTION_KEYS = frozenset({"type", "name", "description", "parameters", "strict"})
 _NAMESPACE_KEYS = frozenset({"type", "name", "description", "tools"})
-_EFFORTS = (None, "none", "minimal", "low", "medium", "high", "xhigh")
 _SUMMARIES = (None, "auto", "concise", "detailed")
 
 
@@ -88,6 +87,7 @@ class ResponsesRequest:
     ignored: tuple[str, ...]    # fields accepted that change nothing here
     echo: dict                  # the request fields the response object repeats
     keep_alive: object = None
+    think: ThinkingAsk = ThinkingAsk()  # reasoning.effort, for the template
 
 
 def _function(tool: dict, where: str, namespace: str | None) -> dict:
@@ -206,19 +206,22 @@ def _include(body: dict) -> bool:
     return SEALED_REASONING in include
 
 
-def _reasoning(body: dict) -> tuple[dict, tuple[str, ...]]:
-    """(the echo of `reasoning`, ignored fields): llmctl cannot set how long
-    a model thinks, nor summarise its thought (it returns the thought)."""
+def _reasoning(body: dict) -> tuple[dict, tuple[str, ...], ThinkingAsk]:
+    """(the echo of `reasoning`, ignored fields, the thought asked for):
+    effort none or minimal turns the model's thought off, the others on
+    (named as ignored till the model's template is known to think).
+    llmctl does not summarise a thought (it returns the thought itself),
+    so a summary is named as ignored."""
     value = typed_field(body, "reasoning", (dict,)) or {}
     effort, summary = value.get("effort"), value.get("summary", value.get("generate_summary"))
-    if effort not in _EFFORTS or summary not in _SUMMARIES or \
+    if effort not in (None, *EFFORTS) or summary not in _SUMMARIES or \
             set(value) - {"effort", "summary", "generate_summary"}:
         raise InvalidParams("'reasoning' must be {\"effort\": one of none, minimal, low, medium, "
                             "high, xhigh; \"summary\": auto, concise or detailed}",
                             param="reasoning")
-    ignored = tuple(f"reasoning.{k}" for k, v in (("effort", effort), ("summary", summary))
-                    if v is not None)
-    return {"effort": effort, "summary": summary}, ignored
+    think = effort_thinking(effort, "reasoning.effort")
+    ignored = think.fields + (("reasoning.summary",) if summary is not None else ())
+    return {"effort": effort, "summary": summary}, ignored, think
 
 
 def _previous(body: dict, store: ResponseStore) -> StoredResponse | None:
@@ -263,7 +266,7 @@ def parse_request(body: dict, chat: bool, defaults: SamplingParams, *,
     tools = parse_tools(body.get("tools"))
     response_format, text_echo, ignored_text = _text_format(body.get("text"))
     structured = _structured(body, tools, response_format)
-    reasoning, ignored_reasoning = _reasoning(body)
+    reasoning, ignored_reasoning, think = _reasoning(body)
     sealed = _include(body)
     if sealed:
         store.key()             # read (or made) here, off the loop, before sealing
@@ -284,4 +287,4 @@ def parse_request(body: dict, chat: bool, defaults: SamplingParams, *,
             "service_tier": "default"}
     return ResponsesRequest(model, stream, stored, params, structured, system + history, history,
                             items, tools, sealed, ignored_text + ignored_reasoning, echo,
-                            body.get("keep_alive"))
+                            body.get("keep_alive"), think)

@@ -49,8 +49,7 @@ async def create(request: Request) -> Response:
     if req.tools.hosted:
         log.info("responses: hosted tools not offered to the model: %s",
                  ", ".join(req.tools.hosted))
-    generation = gen.GenerationRequest(req.model, req.keep_alive,
-                                       gen.ChatPrompt(req.messages, req.structured.tools),
+    generation = gen.GenerationRequest(req.model, req.keep_alive, _prompt(req),
                                        req.structured, stream=req.stream)
     dialect = _Responses(req, store, state_of(request).reasoning_format)
     try:
@@ -60,9 +59,14 @@ async def create(request: Request) -> Response:
                               param="input") from None
     if req.tools.hosted:
         response.headers["x-llmctl-ignored-tools"] = ",".join(req.tools.hosted)
-    if req.ignored:
-        response.headers["x-llmctl-ignored-fields"] = ",".join(req.ignored)
+    ignored = req.think.named(req.ignored, dialect.thinks)
+    if ignored:
+        response.headers["x-llmctl-ignored-fields"] = ",".join(ignored)
     return response
+
+
+def _prompt(req: ResponsesRequest) -> gen.ChatPrompt:
+    return gen.ChatPrompt(req.messages, req.structured.tools, req.think.on)
 
 
 class _Responses(gen.SseDialect):
@@ -71,11 +75,13 @@ class _Responses(gen.SseDialect):
 
     def __init__(self, req: ResponsesRequest, store: ResponseStore, reasoning_format: str):
         self.req, self.store, self.reasoning_format = req, store, reasoning_format
+        self.thinks = False             # whether the model's template thinks, once known
 
     def sampling(self, n_ctx: int) -> SamplingParams:
         return self.req.params
 
     def reading(self, prompt: gen.PromptFacts) -> ToolSetup | None:
+        self.thinks = prompt.thinks or prompt.started_in_thought
         return self.req.structured.setup(prompt.tool_format, self.reasoning_format,
                                          thinks=prompt.thinks,
                                          started_in_thought=prompt.started_in_thought)
@@ -99,8 +105,7 @@ async def input_tokens(request: Request) -> dict:
     _, req = await _parse(request)
     state = state_of(request)
     with await state.lease(req.model, req.keep_alive) as lease:
-        tokens = await run_on(state.workers.render, gen.prompt_tokens, lease.llm,
-                              gen.ChatPrompt(req.messages, req.structured.tools))
+        tokens = await run_on(state.workers.render, gen.prompt_tokens, lease.llm, _prompt(req))
     return {"object": "response.input_tokens", "input_tokens": len(tokens)}
 
 
