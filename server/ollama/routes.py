@@ -65,11 +65,14 @@ class _Request:
     def generation(self) -> gen.GenerationRequest:
         """The request in no protocol's terms."""
         if self.chat or self.prompt is None:
-            prompt: gen.Prompt = gen.ChatPrompt(self.messages or [], self.structured.tools)
+            # Ollama's `think` turns the thought on or off where the
+            # template has a switch, as well as choosing how it is returned.
+            prompt: gen.Prompt = gen.ChatPrompt(self.messages or [], self.structured.tools,
+                                                thinking=self.think)
         elif self.prompt.raw:
             prompt = gen.TextPrompt(self.prompt.prompt)
         else:
-            prompt = gen.ChatPrompt(self.prompt.messages())
+            prompt = gen.ChatPrompt(self.prompt.messages(), thinking=self.think)
         return gen.GenerationRequest(self.model, self.keep_alive, prompt, self.structured,
                                      stream=self.stream)
 
