@@ -133,18 +133,23 @@ def _remote_target(url: str, model: str | None, api_key: str) -> Target:
     return Target(base, name, api_key or PLACEHOLDER_KEY, ctx if isinstance(ctx, int) else None)
 
 
+def _say(line: str) -> None:
+    # Plain text, never wrapped: each line is one variable to copy.
+    err.print(line, markup=False, soft_wrap=True)
+
+
 def _show(plan: Plan) -> None:
     t = plan.target
     if plan.server:
-        err.print(f"llmctl serve {t.model} on {t.url} (context {t.ctx_size}, "
-                  f"{plan.slots} slots)", markup=False)
+        _say(f"llmctl serve {t.model} on {t.url} (context {t.ctx_size}, "
+                  f"{plan.slots} slots)")
     else:
-        err.print(f"using {t.url} ({t.model}, context {t.ctx_size or '?'})", markup=False)
-    err.print(f"{plan.agent.title}: {' '.join(plan.argv[:1])}", markup=False)
+        _say(f"using {t.url} ({t.model}, context {t.ctx_size or '?'})")
+    _say(f"{plan.agent.title}: {' '.join(plan.argv[:1])}")
     for name, value in plan.shown_env().items():
-        err.print(f"  {name}={value}", markup=False)
+        _say(f"  {name}={value}")
     for flag, value in zip(plan.pointing.args[::2], plan.pointing.args[1::2], strict=True):
-        err.print(f"  {flag} {value}", markup=False)
+        _say(f"  {flag} {value}")
 
 
 @contextmanager
@@ -188,7 +193,7 @@ def _run(plan: Plan) -> int:
         finally:
             if server is not None:
                 server.stop()
-                err.print(f"stopped llmctl serve on {plan.target.url}", markup=False)
+                _say(f"stopped llmctl serve on {plan.target.url}")
     return 128 - code if code < 0 else code
 
 
