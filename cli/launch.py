@@ -27,7 +27,7 @@ from llmctl.cli.launch_agents import (
     agent_command,
     find_agent,
 )
-from llmctl.errors import ModelNotFound, UsageError
+from llmctl.errors import LlmctlError, ModelNotFound, UsageError
 
 if TYPE_CHECKING:
     from llmctl.bench.launcher import Server
@@ -179,8 +179,8 @@ def _signals(running: dict[str, subprocess.Popen]) -> Iterator[None]:
 def _run(plan: Plan) -> int:
     """Start the server (if launch owns one), run the agent, stop the
     server whatever happens; the agent's exit code (128 + N for a signal).
-    Raises ServeFailed when the server does not come up, OSError when the
-    agent cannot be run."""
+    Raises ServeFailed when the server does not come up, LlmctlError when
+    the agent cannot be run."""
     running: dict[str, subprocess.Popen] = {}
     server = plan.server
     with _signals(running):
@@ -188,7 +188,11 @@ def _run(plan: Plan) -> int:
             if server is not None:
                 with err.status(f"Loading {plan.target.model} in llmctl serve…"):
                     server.start().wait_ready()
-            running["agent"] = subprocess.Popen(plan.argv, env={**os.environ, **plan.pointing.env})
+            try:
+                running["agent"] = subprocess.Popen(plan.argv,
+                                                    env={**os.environ, **plan.pointing.env})
+            except OSError as e:
+                raise LlmctlError(f"cannot run {plan.argv[0]}: {e.strerror or e}") from e
             code = running["agent"].wait()
         finally:
             if server is not None:

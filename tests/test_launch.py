@@ -163,13 +163,19 @@ def test_any_openai_tool_at_url(bin_dir, tmp_path, running):
     assert not refuses(running)
 
 
-def test_sigterm_reaches_the_agent_and_the_server_still_stops(bin_dir, tmp_path):
+def test_sigint_is_the_agents_and_sigterm_reaches_it_and_the_server_still_stops(bin_dir,
+                                                                              tmp_path):
     record = tmp_path / "claude.json"
     proc = launch("claude", "smollm2", bin_dir=bin_dir, record=record,
                   extra_env={"STANDIN_SLEEP": "120"})
     wait_until(record.exists, "the stand-in's request", timeout=300)
     url = json.loads(record.read_text())["env"]["ANTHROPIC_BASE_URL"]
     time.sleep(0.2)
+    # A Ctrl-C at a terminal goes to the agent, which decides; launch keeps
+    # waiting and the server keeps serving.
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    assert proc.poll() is None and not refuses(url)
     proc.send_signal(signal.SIGTERM)
     code, _, err = finish(proc)
     assert code == 128 + signal.SIGTERM, err
