@@ -23,6 +23,12 @@ PLACEHOLDER_KEY = "llmctl"
 # own, so `llmctl ps` run from inside the agent reaches the same server.
 CODEX_KEY_VAR = "LLMCTL_API_KEY"
 
+# How long an agent waits for an answer, or (Codex) for the stream to move.
+# Their defaults (10 and 5 minutes) are for a remote API; on loopback a
+# silence is a long prefill on a CPU, not a lost network, and the server's
+# own watchdog ends a stalled engine. Retrying would prefill again.
+AGENT_TIMEOUT_MS = 30 * 60 * 1000
+
 # Claude Code picks a model per task: the main loop (ANTHROPIC_MODEL), the
 # aliases a user or a setting can select (opus, sonnet, haiku), the small
 # model of background chores (ANTHROPIC_SMALL_FAST_MODEL, the name before
@@ -81,6 +87,7 @@ def _claude(t: Target) -> Pointing:
         # No telemetry, error reports, update checks or feedback prompts:
         # a local model needs nothing from Anthropic's servers.
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "API_TIMEOUT_MS": str(AGENT_TIMEOUT_MS),
     }
     return Pointing(env, secret=frozenset({"ANTHROPIC_AUTH_TOKEN"}))
 
@@ -98,6 +105,7 @@ def _codex(t: Target) -> Pointing:
         f"{provider}.base_url": f"{t.url}/v1",      # Codex appends /responses
         f"{provider}.wire_api": "responses",
         f"{provider}.env_key": CODEX_KEY_VAR,
+        f"{provider}.stream_idle_timeout_ms": AGENT_TIMEOUT_MS,
         "model": t.model,
     }
     if t.ctx_size:

@@ -107,6 +107,7 @@ def test_claude_on_a_started_server_which_stops_after(bin_dir, tmp_path):
                  "CLAUDE_CODE_SUBAGENT_MODEL"):
         assert env[name] == "smollm2", name
     assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+    assert env["API_TIMEOUT_MS"] == "1800000"
     assert seen["status"] == 200, seen["answer"]
     assert seen["answer"]["type"] == "message" and seen["answer"]["content"][0]["text"]
     # It said what it set, one line each, and stopped the server it started.
@@ -138,7 +139,8 @@ def test_codex_at_url_gets_a_responses_provider_and_leaves_the_server_up(bin_dir
     assert overrides == ['model_provider="llmctl"', 'model_providers.llmctl.name="llmctl"',
                          f'model_providers.llmctl.base_url="{running}/v1"',
                          'model_providers.llmctl.wire_api="responses"',
-                         'model_providers.llmctl.env_key="LLMCTL_API_KEY"', 'model="smollm2"',
+                         'model_providers.llmctl.env_key="LLMCTL_API_KEY"',
+                         "model_providers.llmctl.stream_idle_timeout_ms=1800000", 'model="smollm2"',
                          "model_context_window=1024", "model_auto_compact_token_limit=819"]
     assert seen["env"]["LLMCTL_API_KEY"] == "sk-test-key-123456"
     assert seen["status"] == 200, seen["answer"]
