@@ -104,9 +104,11 @@ def _local_target(model: str | None, ctx_size: int | None, slots: int,
     from llmctl.store.gguf_info import read_gguf_info
     from llmctl.store.resolve import resolve_model
 
-    resolved = resolve_model(model)
-    if ctx_size is None:
+    # A registry model in part packages is joined into the store on first use.
+    with err.status(f"Finding {model or 'the default model'}…"):
+        resolved = resolve_model(model)
         trained = read_gguf_info(resolved.path).context_length
+    if ctx_size is None:
         ctx_size = min(trained, AGENT_CTX) if trained else (resolved.context or 4096)
     args = [model or resolved.name, "--ctx-size", str(ctx_size), "--max-num-seqs", str(slots)]
     if api_key:
