@@ -57,12 +57,14 @@ class Server:
     down gracefully on it, as on Ctrl-C, and unlike SIGINT a background job
     cannot have inherited it ignored) and kills it after a grace period. As a
     context manager it does all three and yields itself; `url` is
-    http://127.0.0.1:PORT.
+    http://127.0.0.1:PORT. With OWN_SESSION it runs in a session of its own,
+    so a Ctrl-C at the terminal (meant for the program in front) never
+    reaches it: only stop() ends it.
     """
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                  ready: Callable[[str], bool] = http_ok("/health"), name: str | None = None,
-                 startup_timeout: float = STARTUP_TIMEOUT_S):
+                 startup_timeout: float = STARTUP_TIMEOUT_S, own_session: bool = False):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.argv = [*argv, "--port", str(self.port)]
@@ -70,6 +72,7 @@ class Server:
         self.startup_timeout = startup_timeout
         self._env = {**os.environ, **(env or {})}
         self._ready = ready
+        self._own_session = own_session
         self._proc: subprocess.Popen | None = None
         self._log: Path | None = None
 
@@ -91,7 +94,8 @@ class Server:
         self._log = Path(log)
         with os.fdopen(fd, "w") as out:
             self._proc = subprocess.Popen(self.argv, env=self._env, stdout=out,
-                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          start_new_session=self._own_session)
         return self
 
     def wait_ready(self, timeout: float | None = None) -> "Server":

@@ -31,6 +31,7 @@ COMMANDS = {
                  "Quantize a model to GGUF (Q4_K_M, Q8_0 or any llama.cpp type) and register it."),
     "serve": ("serve", "Serve models over OpenAI's and Ollama's APIs, loading them on demand."),
     "cluster": ("cluster", "Serve a model from replicas on a Ray cluster."),
+    "launch": ("launch", "Run Claude Code, Codex or any OpenAI client on a local model."),
     "ps": ("remote", "Show the models a running server has loaded: memory, context, slots\n"
                      "in use, idle time and when each unloads."),
     "stop": ("remote", "Unload a model from a running server (requests on it finish first)."),
