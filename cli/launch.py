@@ -121,9 +121,9 @@ def _remote_target(url: str, model: str | None, api_key: str) -> Target:
     """The server at `url`, checked: it answers /v1/models and serves
     `model` (default: the first it lists). Raises ServerUnreachable,
     AuthError, ModelNotFound and UsageError for a malformed URL."""
-    from llmctl.cli.remote import _call
+    from llmctl.cli.remote import call
 
-    served = _call("GET", url, "/v1/models", api_key).get("data") or []
+    served = call("GET", url, "/v1/models", api_key).get("data") or []
     ids = [str(m.get("id")) for m in served if isinstance(m, dict)]
     name = model.removesuffix(":latest") if model else (ids[0] if ids else None)
     if name is None:

@@ -21,7 +21,7 @@ ApiKey = Annotated[str, typer.Option(
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
-def _call(method: str, url: str, path: str, api_key: str, body: dict | None = None) -> dict:
+def call(method: str, url: str, path: str, api_key: str, body: dict | None = None) -> dict:
     """One request to the server. Raises ServerUnreachable, AuthError,
     ModelNotFound (404) and LlmctlError with the server's own message."""
     import httpx
@@ -71,7 +71,7 @@ def ps(url: Url = DEFAULT_URL, api_key: ApiKey = "", json: o.Json = False) -> No
 
     Example: llmctl ps --url http://127.0.0.1:8000
     """
-    models = _call("GET", url, "/api/ps", api_key).get("models", [])
+    models = call("GET", url, "/api/ps", api_key).get("models", [])
     if json:
         print_json({"models": models})
         return
@@ -95,10 +95,10 @@ def stop(model: Annotated[str, typer.Argument(help="A loaded model's name.")],
 
     Example: llmctl stop qwen2.5-coder-0.5b
     """
-    loaded = {m["name"] for m in _call("GET", url, "/api/ps", api_key).get("models", [])}
+    loaded = {m["name"] for m in call("GET", url, "/api/ps", api_key).get("models", [])}
     if model.removesuffix(":latest") not in loaded:
         raise ModelNotFound(f"{model!r} is not loaded (loaded: {', '.join(sorted(loaded)) or 'none'})")
-    _call("POST", url, "/api/generate", api_key, {"model": model, "keep_alive": 0})
+    call("POST", url, "/api/generate", api_key, {"model": model, "keep_alive": 0})
     err.print(f"unloaded {model}")
 
 
