@@ -20,14 +20,18 @@ from llmctl.runtime.formats.tool_calls import (
 @dataclass(frozen=True)
 class ToolSetup:
     """How to read one answer: the model's tool-call format, the names it may
-    call (an empty set: none), whether several calls are allowed, and
-    whether a leading <think> block is split off as reasoning."""
+    call (an empty set: none), whether several calls are allowed, whether a
+    leading <think> block is split off as reasoning, and whether the
+    tool-call grammar writes the calls (`constrained`: then a call's
+    arguments stream as they are written, see ToolCallStream; a protocol
+    whose calls travel whole, as Ollama's, leaves it False)."""
 
     fmt: ToolFormat
     names: frozenset[str]
     parallel: bool = True
     reasoning: bool = True
     started_in_thought: bool = False
+    constrained: bool = False
 
 
 class ChatShaper:
@@ -40,7 +44,7 @@ class ChatShaper:
         self.parallel = setup is None or setup.parallel
         self._parser = None if setup is None else ToolCallStream(
             setup.fmt, set(setup.names), setup.reasoning,
-            started_in_thought=setup.started_in_thought)
+            started_in_thought=setup.started_in_thought, constrained=setup.constrained)
         self._deltas: list = []
         self.n_calls = 0
         # Pieces fed (the engine's tokens, as it releases them) before the
@@ -100,8 +104,15 @@ class ChatShaper:
             msg["tool_calls"] = [c.to_openai() for c in parsed.tool_calls]
         return msg
 
+    @property
+    def cut(self) -> bool:
+        """Whether the output stopped inside a streamed call (max_tokens or a
+        stop string): the call stands with the arguments written so far."""
+        return self._parser is not None and self._parser.cut
+
     def finish_reason(self, engine_reason: str) -> str:
-        """OpenAI's finish_reason: tool_calls when the answer called one."""
-        if self.n_calls:
+        """OpenAI's finish_reason: tool_calls when the answer called one,
+        unless the output stopped inside the call ("length", as OpenAI's)."""
+        if self.n_calls and not self.cut:
             return "tool_calls"
         return engine_reason if engine_reason in ("stop", "length") else "stop"

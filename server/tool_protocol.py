@@ -69,8 +69,10 @@ class Structured:
         if not self.tools and not split:
             return None
         names = self.choice.allowed({t["function"]["name"] for t in self.tools or []})
+        # sampling() gives exactly these answers the tool-call grammar.
+        grammar = bool(self.tools) and self.choice.mode != "none" and fmt is ToolFormat.HERMES
         return ToolSetup(fmt, frozenset(names), self.parallel, reasoning=split,
-                         started_in_thought=split and started_in_thought)
+                         started_in_thought=split and started_in_thought, constrained=grammar)
 
 
 def parse_structured(body: dict, chat: bool) -> Structured:

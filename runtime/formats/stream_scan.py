@@ -1,11 +1,23 @@
 """Scanners over model text as it streams, for the tool-call parser
 (tool_calls.py): where a JSON value ends, read once however it is chunked,
-and one output channel trimmed of surrounding whitespace. Neither raises on
-any text."""
+one output channel trimmed of surrounding whitespace, and the pattern of
+the text that may still become a given syntax. None raises on any text."""
 
 from __future__ import annotations
 
 import re
+
+
+def so_far(pieces: list[str], last: str = "") -> re.Pattern[str]:
+    """The pattern whose full matches are the prefixes of `pieces` joined
+    (then `last`): each piece a pattern whose own prefixes it matches (one
+    character, or a run of a character class), `last` the pattern of the
+    final piece's prefixes. Text that full-matches it may still become the
+    syntax as more arrives. Raises re.error for a malformed piece."""
+    pattern = f"(?:{last})?" if last else ""
+    for piece in reversed(pieces):
+        pattern = f"(?:{piece}{pattern})?"
+    return re.compile(pattern)
 
 
 class Trimmed:
@@ -43,6 +55,11 @@ class Brackets:
         self._depth = 0
         self._in_string = False
         self._end: int | None = None
+
+    @property
+    def scanned(self) -> int:
+        """How far the text has been read: all before it is inside the value."""
+        return self._end if self._end is not None else self._pos
 
     def end(self, s: str) -> int | None:
         """Index just past the value, or None while it is unfinished."""

@@ -25,11 +25,11 @@ Validation of the request's `tools`/`tool_choice` is in tool_schema.py."""
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Callable
 
 from llmctl.runtime.formats import call_syntax as syn
+from llmctl.runtime.formats.call_stream import GrammarSections, whole_calls
 from llmctl.runtime.formats.reasoning import ThinkSplitter, partial_marker_len
 from llmctl.runtime.formats.stream_scan import Brackets, Trimmed
 from llmctl.runtime.formats.tool_shapes import (
@@ -40,7 +40,6 @@ from llmctl.runtime.formats.tool_shapes import (
     ToolCall,
     ToolCallDelta,
     ToolFormat,
-    _loads,
     call_id_factory,
     collect,
     detect_format,
@@ -53,22 +52,28 @@ __all__ = ["ContentDelta", "Delta", "ParsedMessage", "ReasoningDelta", "ToolCall
 
 def parse_tool_calls(text: str, fmt: ToolFormat, tool_names: set[str] | None = None, *,
                      reasoning: bool = True, started_in_thought: bool = False,
-                     new_id: Callable[[], str] | None = None) -> ParsedMessage:
+                     new_id: Callable[[], str] | None = None,
+                     constrained: bool = False) -> ParsedMessage:
     """Content, tool calls and reasoning in a whole model output; see
     ToolCallStream for the arguments. Malformed calls and calls to names not
     in `tool_names` stay in the content. Raises nothing."""
     stream = ToolCallStream(fmt, tool_names, reasoning,
-                            started_in_thought=started_in_thought, new_id=new_id)
+                            started_in_thought=started_in_thought, new_id=new_id,
+                            constrained=constrained)
     return collect(stream.feed(text) + stream.finish())
 
 
-class ToolCallStream:
+class ToolCallStream(GrammarSections):
     """Parses model output as it streams. `feed(delta)` and `finish()` return
     the deltas decided so far; text that may begin a marker is held back until
     the next chunk decides it, and a call is emitted once its JSON is
-    complete: one delta with index, id and name, one with its arguments.
-    Folding all deltas (collect()) gives exactly parse_tool_calls() of the
-    whole text, however it was chunked.
+    complete: one delta with index, id and name, one with its arguments
+    (re-serialized compactly). Folding all deltas (collect()) gives exactly
+    parse_tool_calls() of the whole text, however it was chunked.
+
+    `constrained`: the tool-call grammar writes the calls; those it is sure
+    to have written stream their arguments as the model writes them, and
+    `cut` says the output stopped inside one (see call_stream.GrammarSections).
 
     `tool_names`: names a call may use; None accepts any, an empty set none.
     `reasoning`: a leading <think>…</think> goes to ReasoningDeltas; when
@@ -80,8 +85,9 @@ class ToolCallStream:
 
     def __init__(self, fmt: ToolFormat, tool_names: set[str] | None = None,
                  reasoning: bool = True, *, started_in_thought: bool = False,
-                 new_id: Callable[[], str] | None = None) -> None:
+                 new_id: Callable[[], str] | None = None, constrained: bool = False) -> None:
         self._fmt = ToolFormat(fmt)
+        self._init_grammar(constrained and self._fmt is ToolFormat.HERMES, started_in_thought)
         self._names = tool_names
         self._reasoning = reasoning
         self._new_id = new_id or call_id_factory()
@@ -105,7 +111,9 @@ class ToolCallStream:
         return self._run("", final=True)
 
     def _run(self, text: str, final: bool) -> list[Delta]:
+        self._watch_opening(text)
         for kind, part in self._think.feed(text, final):
+            self._at_start = self._at_start and kind == "body"
             if kind == "body":
                 self._buf += part
                 while getattr(self, "_in_" + self._mode)(final):
@@ -182,6 +190,12 @@ class ToolCallStream:
         return self._scan.start, end, end is None and not final
 
     def _in_hermes(self, final: bool) -> bool:
+        if self._constrained and not self._grammar_opened():
+            return self._stream(0, "</tool_call>", "free_hermes",
+                                "fence_close" if self._fenced else "content")
+        return self._in_free_hermes(final)
+
+    def _in_free_hermes(self, final: bool) -> bool:
         head = self._buf.lstrip()
         if not head:
             return self._fail() if final else False
@@ -222,6 +236,8 @@ class ToolCallStream:
         if body[:1] in ("{", "["):
             self._open_section("fenced_json", "")
             self._scan = Brackets(at)
+            if self._constrained and self._index == 0 and self._at_start:
+                return self._stream(at, syn.FENCE, "fenced_json", "fence", self._grammar_opened)
             return True
         if not final and "<tool_call>".startswith(body):
             return False
@@ -270,7 +286,7 @@ class ToolCallStream:
     def _hold(self, start: int, end: int, stop: int) -> bool:
         """A tagless call in buf[start:end], ending at buf[:stop]: held until
         what follows decides it, or content when it is not a call."""
-        calls = self._calls(self._buf[start:end])
+        calls = whole_calls(self._buf[start:end], self._names, self._head)
         if calls is None:
             return self._fail()
         self._held = (self._buf[:stop], calls)
@@ -353,7 +369,7 @@ class ToolCallStream:
     def _accept(self, start: int, end: int, stop: int, then: str) -> bool:
         """Emits the calls in buf[start:end] and resumes after buf[:stop], or
         fails the section when they are not calls."""
-        calls = self._calls(self._buf[start:end])
+        calls = whole_calls(self._buf[start:end], self._names, self._head)
         if calls is None:
             if self._mode == "json_seq":  # a JSON answer, not a call
                 self._say(self._buf[:end])
@@ -369,28 +385,3 @@ class ToolCallStream:
             self._out.append(ToolCallDelta(self._index, self._new_id(), name, ""))
             self._out.append(ToolCallDelta(self._index, None, None, arguments))
             self._index += 1
-
-    def _calls(self, text: str) -> list[tuple[str, str]] | None:
-        value = _loads(text)
-        if self._head is not None:
-            value = {"name": self._head, "arguments": value}
-        if isinstance(value, dict) and isinstance(value.get("tool_calls"), list):
-            value = value["tool_calls"]
-        items = value if isinstance(value, list) else [value]
-        calls = [call for call in map(self._call, items) if call is not None]
-        return calls if calls and len(calls) == len(items) else None
-
-    def _call(self, item) -> tuple[str, str] | None:
-        if isinstance(item, dict) and "name" not in item and isinstance(item.get("function"), dict):
-            item = item["function"]  # OpenAI's own shape
-        if not isinstance(item, dict):
-            return None
-        name = item.get("name")
-        args = item.get("arguments", item.get("parameters"))
-        if isinstance(args, str):
-            args = _loads(args)
-        if not isinstance(name, str) or not isinstance(args, dict):
-            return None
-        if self._names is not None and name not in self._names:
-            return None
-        return name, json.dumps(args, ensure_ascii=False, separators=(",", ":"))

@@ -11,6 +11,7 @@ import json
 import uuid
 
 from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent, Usage
+from llmctl.runtime.formats.call_stream import arguments_object
 from llmctl.server import errors
 from llmctl.server.chat_output import ChatShaper
 from llmctl.server.generation import Answer, Event
@@ -35,8 +36,9 @@ def usage_dict(usage: Usage) -> dict:
 
 
 def stop_reason(shaper: ChatShaper, finish: FinishEvent) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence) of a finished answer."""
-    if shaper.n_calls:
+    """(stop_reason, stop_sequence) of a finished answer: a call the output
+    stopped inside stops for what stopped it."""
+    if shaper.n_calls and not shaper.cut:
         return "tool_use", None
     if finish.reason == "length":
         return "max_tokens", None
@@ -81,7 +83,7 @@ class MessageWriter:
         for call in message.get("tool_calls", ()):
             fn = call["function"]
             content.append({"type": "tool_use", "id": _tool_id(), "name": fn["name"],
-                            "input": json.loads(fn["arguments"] or "{}")})
+                            "input": arguments_object(fn["arguments"])})
         reason, stop = stop_reason(self.shaper, answer.finish)
         return self._message(content, reason, stop, usage_dict(answer.finish.usage))
 

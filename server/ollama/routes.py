@@ -165,8 +165,11 @@ class _Ollama(gen.Dialect):
         thinks = prompt.thinks or prompt.started_in_thought
         structured = replace(self.req.structured, reasoning_format=reasoning_format(
             self.req.think, thinks, prompt.model))
-        return structured.setup(prompt.tool_format, self.reasoning_format, thinks=thinks,
-                                started_in_thought=prompt.started_in_thought)
+        setup = structured.setup(prompt.tool_format, self.reasoning_format, thinks=thinks,
+                                 started_in_thought=prompt.started_in_thought)
+        # Ollama's calls travel whole (arguments as an object, as Ollama's
+        # own do), so their arguments are not streamed in pieces.
+        return None if setup is None else replace(setup, constrained=False)
 
     def frames(self, generation: gen.Generation) -> _Writer:
         return _Writer(self.req.chat, self.req.model or generation.model,
