@@ -53,6 +53,14 @@ FlashAttnOpt = Annotated[FlashAttn, typer.Option(
 PrefixCacheSize = Annotated[float, typer.Option(
     "--prefix-cache-size", min=0.0, envvar="LLMCTL_PREFIX_CACHE_SIZE",
     help="Disk budget of the prefix KV cache, in GB.")]
+# The default for --move-cached-runs, chosen from the agreement it measured
+# (docs/prefix-cache.md); the library's LoadOptions keeps moving off.
+MOVE_CACHED_RUNS = 64
+MoveCachedRuns = Annotated[int, typer.Option(
+    "--move-cached-runs", min=0, envvar="LLMCTL_MOVE_CACHED_RUNS", metavar="TOKENS",
+    help="Past a prompt's first difference, reuse cached runs of at least this many "
+         "tokens, moved to their new positions (an agent's changed line); 0: exact "
+         "prefixes only. Close to a cold prefill, not identical: docs/prefix-cache.md.")]
 MaxBodyMb = Annotated[float, typer.Option(
     "--max-body-mb", min=0.001, envvar="LLMCTL_MAX_BODY_MB",
     help="Largest request body, in MiB; bigger ones get 413.")]
@@ -137,6 +145,7 @@ def serve(
     flash_attn: FlashAttnOpt = FlashAttn.auto,
     decoding: o.Decoding,
     prefix_cache_size: PrefixCacheSize = 4.0,
+    move_cached_runs: MoveCachedRuns = MOVE_CACHED_RUNS,
     max_body_mb: MaxBodyMb = 8.0,
     metrics_public: MetricsPublic = False,
     pool: Pool,
@@ -155,6 +164,7 @@ def serve(
 
     load = LoadOptions(ctx_size=ctx_size, threads=threads, n_gpu_layers=n_gpu_layers,
                        prefix_cache=not no_prefix_cache, prefix_cache_size_gb=prefix_cache_size,
+                       move_cached_runs=move_cached_runs,
                        flash_attn=FLASH_ATTN[flash_attn], **batching.load_fields(),
                        **decoding.load_fields())
     from llmctl.server.middleware import http_policy

@@ -25,6 +25,7 @@ class LoadOptions:
     flash_attn: bool | None = None       # None: on for a quantized KV, else unless the prefix cache is on
     prefix_cache: bool = True
     prefix_cache_size_gb: float = 4.0
+    move_cached_runs: int = 0            # prefix_cache/reuse.py's min_run; 0: exact prefixes only
     # Speculation: None (off), "ngram" (prompt lookup) or "draft" (a draft
     # model: `draft`, else the registry's default draft for the model);
     # naming a draft alone means "draft". Guesses per step.
@@ -47,6 +48,8 @@ class LoadOptions:
                              "feeds one token per running sequence plus prompt chunks")
         if self.max_queue < 0:
             raise UsageError("max_queue must be >= 0")
+        if self.move_cached_runs < 0:
+            raise UsageError("move_cached_runs must be >= 0")
         try:
             planner.parse_gpu_layers(self.n_gpu_layers)
         except ValueError as e:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from llmctl.runtime.config import EngineShape, LoadOptions
 from llmctl.runtime.engine.loop import Engine
-from llmctl.runtime.llama import ContextConfig, LlamaContext, LlamaModel
+from llmctl.runtime.llama import ContextConfig, LlamaContext, LlamaModel, Splicer
 from llmctl.runtime.prefix_cache.cache import KvLayout, PrefixCache, Weights, open_prefix_cache
 from llmctl.runtime.prefix_cache.rule import tile_for
 from llmctl.runtime.speculation.draft import Drafter
@@ -27,18 +27,22 @@ def context_config(opts: LoadOptions, shape: EngineShape) -> ContextConfig:
 
 
 def prefix_cache_for(opts: LoadOptions, ctx: LlamaContext, weights: Weights,
-                     root: Path) -> PrefixCache | None:
+                     root: Path, shape: EngineShape) -> PrefixCache | None:
     """The prefix cache `opts` asks for (None when off), its disk store
-    under `root` keyed by `weights` and the context's KV layout. Raises
-    OSError when the weights cannot be read for their fingerprint."""
+    under `root` keyed by `weights` and the context's KV layout, and a
+    splicer when runs past a difference may move. Raises OSError when the
+    weights cannot be read for their fingerprint."""
     if not opts.prefix_cache:
         return None
+    splicer = None
+    if opts.move_cached_runs > 0 and ctx.can_shift:
+        splicer = Splicer(ctx.model, context_config(opts, shape), opts.move_cached_runs)
     flash_attn = opts.use_flash_attn
     kv = KvLayout(n_ctx_seq=ctx.n_ctx_seq, n_seq_max=opts.max_num_seqs,
                   kv_type=opts.kv_type, flash_attn=flash_attn)
     return open_prefix_cache(weights, kv, root=root,
                              budget_bytes=int(opts.prefix_cache_size_gb * 1e9),
-                             tile=tile_for(flash_attn))
+                             tile=tile_for(flash_attn), splicer=splicer)
 
 
 def proposer_for(opts: LoadOptions, ctx: LlamaContext, shape: EngineShape,
@@ -68,7 +72,7 @@ def start_engine(model: LlamaModel, opts: LoadOptions, shape: EngineShape, *,
     with ExitStack() as undo:
         ctx = LlamaContext(model, context_config(opts, shape))
         undo.callback(ctx.close)
-        cache = prefix_cache_for(opts, ctx, weights, cache_root)
+        cache = prefix_cache_for(opts, ctx, weights, cache_root, shape)
         if cache is not None:
             undo.callback(cache.close)
         proposer = proposer_for(opts, ctx, shape, draft_model)

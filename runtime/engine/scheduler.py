@@ -40,6 +40,7 @@ class SchedulerConfig:
     max_queue: int = 256
     prefix_sharing: bool = False
     min_share: int = 32         # shorter prefixes are not worth a copy or a wait
+    min_run: int = 0            # moved runs past a difference (prefix_cache/reuse.py); 0: off
     # The exactness rule's tile (prefix_cache/rule.py); 1: any cut is exact
     # (flash attention off), and generated tokens are reused too.
     tile: int = TILE
@@ -77,7 +78,8 @@ class Scheduler:
         self._lock = threading.Lock()       # guards _waiting against add()
         self._waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.slots = SlotTable(cfg.max_num_seqs, min_share=cfg.min_share, tile=cfg.tile)
+        self.slots = SlotTable(cfg.max_num_seqs, min_share=cfg.min_share, tile=cfg.tile,
+                               min_run=cfg.min_run)
         self._stats = StatsCollector()
 
     # ---- any thread -------------------------------------------------------------

@@ -15,6 +15,7 @@ from llmctl.runtime.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from llmctl.runtime.engine.events import Event
+    from llmctl.runtime.prefix_cache.reuse import Reuse
 
 _ids = itertools.count(1)
 
@@ -51,6 +52,7 @@ class Sequence:
     n_cached: int = 0                   # prompt tokens reused from the prefix cache
     cached_from_disk: bool = False      # ...restored from a disk file (else memory)
     kv_src: tuple[int, int] = (-1, 0)   # (slot, n): reuse n prompt tokens whose KV is in slot
+    moved: Reuse | None = None          # ...and these runs past them, moved (prefix_cache.reuse)
     wait_for: "Sequence | None" = None  # the prefilling leader it waits for (WAITING_PREFIX)
     wait_until: int = 0                 # ...until the leader has computed this many tokens
     output: list[int] = field(default_factory=list)

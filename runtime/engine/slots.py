@@ -17,18 +17,24 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from llmctl.runtime.engine.sequence import Sequence, Status
+from llmctl.runtime.prefix_cache import reuse
 from llmctl.runtime.prefix_cache.rule import parkable, reusable
 
 
 class SlotTable:
     """`n_slots` KV slots. A prefix shorter than `min_share` tokens is not
-    worth a copy or a wait; `tile` is the exactness rule's (rule.py)."""
+    worth a copy or a wait; `tile` is the exactness rule's (rule.py).
+    `min_run` > 0 also reuses runs of at least that many cached tokens past
+    a prompt's first difference, moved to their new positions
+    (prefix_cache/reuse.py); 0 reuses exact prefixes only."""
 
-    def __init__(self, n_slots: int, *, min_share: int, tile: int):
+    def __init__(self, n_slots: int, *, min_share: int, tile: int, min_run: int = 0):
         self.min_share = min_share
         self.tile = tile
+        self.min_run = min_run
         self._free = list(range(n_slots - 1, -1, -1))
         self._parked: OrderedDict[int, list[int]] = OrderedDict()   # slot -> tokens in its KV
+        self._held: dict[int, list[int]] = {}   # a taken parked slot's tokens, until planned
 
     # ---- sizes (any thread) -----------------------------------------------------
 
@@ -54,13 +60,14 @@ class SlotTable:
         parked slot whose tokens best match the prompt when that is worth
         it, else the lowest free slot, else the least recently used parked
         one. Raises IndexError when every slot is busy (check `room`)."""
-        best, best_n = -1, 0
+        best, best_n, best_score = -1, 0, 0
         for slot, tokens in self._parked.items():
             n = reusable(tokens, prompt, self.tile)
-            if n > best_n:
-                best, best_n = slot, n
-        if best_n >= self.min_share:
-            del self._parked[best]
+            score = self._moved(tokens, prompt, n).total if self._worth_moving(prompt, n) else n
+            if score > best_score:
+                best, best_n, best_score = slot, n, score
+        if best_score >= self.min_share:
+            self._held[best] = self._parked.pop(best)
             return best, best_n
         if self._free:
             # Lowest id first: llama.cpp packs only runs of consecutive seq
@@ -70,6 +77,12 @@ class SlotTable:
             return slot, 0
         slot, _ = self._parked.popitem(last=False)
         return slot, 0
+
+    def _worth_moving(self, prompt: list[int], n: int) -> bool:
+        return self.min_run > 0 and len(prompt) - n >= 2 * self.min_run
+
+    def _moved(self, have: list[int], prompt: list[int], n: int) -> reuse.Reuse:
+        return reuse.plan(have, prompt, n, self.min_run)
 
     def give_back(self, seq: Sequence, park: list[int] | None) -> None:
         """A finished sequence's slot: parked with `park`, the tokens whose KV
@@ -85,7 +98,8 @@ class SlotTable:
 
     def plan_prefix(self, seq: Sequence, running: list[Sequence]) -> None:
         """Pick the longest computed prefix to reuse now, or a leader to wait
-        for when one is prefilling a clearly longer shared prefix."""
+        for when one is prefilling a clearly longer shared prefix; then,
+        with `min_run`, runs past the prefix to move (`seq.moved`)."""
         src, n = seq.kv_src
         leader, target = None, 0
         for other in running:
@@ -104,9 +118,32 @@ class SlotTable:
             if have > n and have >= self.min_share:
                 src, n = slot, have
         seq.kv_src = (src, n) if n else (seq.slot, 0)
+        seq.moved = None
         if leader is not None and target >= n + self.min_share:
             seq.wait_for, seq.wait_until = leader, target
             seq.status = Status.WAITING_PREFIX
+            return
+        self._plan_moves(seq)
+
+    def _plan_moves(self, seq: Sequence) -> None:
+        """Runs to move from the sequence's own slot or a parked one, when
+        they reuse more than the exact prefix planned (by a run at least)."""
+        held = self._held.pop(seq.slot, None)
+        src, n = seq.kv_src
+        if not self._worth_moving(seq.prompt, n):
+            return
+        sources = dict(self._parked)
+        if held is not None:
+            sources[seq.slot] = held
+        best: tuple[int, reuse.Reuse] | None = None
+        for slot, tokens in sources.items():
+            # An exact prefix elsewhere counts only from its own slot.
+            start = n if slot == src else reusable(tokens, seq.prompt, self.tile)
+            got = self._moved(tokens, seq.prompt, start)
+            if got.runs and got.total >= (best[1].total if best else n + self.min_run):
+                best = (slot, got)
+        if best is not None:
+            seq.kv_src, seq.moved = (best[0], best[1].prefix), best[1]
 
     def release_waiters(self, running: list[Sequence]) -> list[Sequence]:
         """Sequences whose leader has computed what they wait for (or is

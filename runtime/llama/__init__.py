@@ -31,10 +31,11 @@ from llmctl.runtime.llama.library import (
 from llmctl.runtime.llama.model import POOLING, LlamaModel
 from llmctl.runtime.llama.quantize import file_types, quantize_file
 from llmctl.runtime.llama.sampler import Sampler, validate_sampling
+from llmctl.runtime.llama.splice import Move, Splicer
 
 __all__ = [
     "LLAMA_CPP_VERSION", "POOLING", "ContextConfig", "EmbeddingContext", "LlamaContext",
-    "LlamaModel", "LogCapture", "Sampler", "capture_log", "file_types", "init_backend",
+    "LlamaModel", "LogCapture", "Move", "Sampler", "Splicer", "capture_log", "file_types", "init_backend",
     "kv_ggml_type", "quantize_file", "supports_gpu_offload", "system_info",
     "validate_grammar", "validate_sampling",
 ]

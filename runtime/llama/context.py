@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import llama_cpp as lc
 import numpy as np
 
-from llmctl.errors import DecodeError, UsageError
+from llmctl.errors import DecodeError, LlmctlError, UsageError
 from llmctl.runtime.llama.handle import ContextHandle
 from llmctl.runtime.llama.model import LlamaModel
 
@@ -41,12 +41,16 @@ class ContextConfig:
     flash_attn: bool = True
     n_ubatch: int | None = None     # tokens per graph run; None: min(n_batch, 512)
     kv_type: str = "f16"            # K and V cache element type
+    # One KV for all sequences (n_ctx_seq cells in all), where a cell may
+    # belong to several: splice.py needs it; the engine's contexts keep a
+    # stream per sequence.
+    kv_unified: bool = False
 
 
 def _params(cfg: ContextConfig) -> lc.llama_context_params:
     """llama_context_params for `cfg`. Raises UsageError for an unknown kv_type."""
     params = lc.llama_context_default_params()
-    params.n_ctx = cfg.n_ctx_seq * cfg.n_seq_max
+    params.n_ctx = cfg.n_ctx_seq * (1 if cfg.kv_unified else cfg.n_seq_max)
     params.n_batch = cfg.n_batch
     params.n_ubatch = cfg.n_ubatch or min(cfg.n_batch, 512)
     params.n_seq_max = cfg.n_seq_max
@@ -56,8 +60,8 @@ def _params(cfg: ContextConfig) -> lc.llama_context_params:
     # "on" must mean enabled, not llama.cpp's per-device auto choice.
     on = lc.LLAMA_FLASH_ATTN_TYPE_AUTO if cfg.kv_type == "f16" else lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
     params.flash_attn_type = on if cfg.flash_attn else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    # Each sequence gets its own KV stream (see LlamaContext).
-    params.kv_unified = False
+    # Each sequence gets its own KV stream (see LlamaContext), unless asked.
+    params.kv_unified = cfg.kv_unified
     params.no_perf = True
     return params
 
@@ -139,6 +143,19 @@ class LlamaContext(ContextHandle):
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         lc.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, delta: int) -> None:
+        """Move the cells at positions [p0, p1) by `delta`; llama.cpp
+        re-rotates their keys at the next decode. Raises LlmctlError when
+        this context's memory cannot shift (can_shift)."""
+        if not self.can_shift:
+            raise LlmctlError("this model's KV cache cannot move cells")
+        lc.llama_memory_seq_add(self.mem, seq_id, p0, p1, delta)
+
+    @property
+    def can_shift(self) -> bool:
+        """Whether cells may move to new positions (RoPE models can)."""
+        return bool(lc.llama_memory_can_shift(self.mem))
 
     def state_get(self, seq_id: int) -> memoryview:
         size = lc.llama_state_seq_get_size(self.ptr, seq_id)

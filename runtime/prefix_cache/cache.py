@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from llmctl.errors import LlmctlError
 from llmctl.runtime.engine.sequence import Sequence
-from llmctl.runtime.llama import LLAMA_CPP_VERSION
+from llmctl.runtime.llama import LLAMA_CPP_VERSION, Move, Splicer
 from llmctl.runtime.prefix_cache.disk import BLOCK, DiskStore, Hit
-from llmctl.runtime.prefix_cache.rule import TILE, exact_reuse
+from llmctl.runtime.prefix_cache.reuse import Reuse, plan
+from llmctl.runtime.prefix_cache.rule import TILE, exact_reuse, usable_prefix
 
 if TYPE_CHECKING:
     from llmctl.runtime.llama import LlamaContext
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("llmctl.prefix_cache")
 
 MIN_DISK_GAIN = 64      # restoring fewer extra tokens than this is not worth a file read
+RECENT_STATES = 8       # disk states a prompt that differs early is matched against
 
 
 def file_identity(path: Path, sha256: str | None) -> str:
@@ -88,12 +91,13 @@ def disk_identity(weights: Weights, kv: KvLayout) -> dict[str, object]:
 
 
 def open_prefix_cache(weights: Weights, kv: KvLayout, *, root: Path, budget_bytes: int,
-                      tile: int) -> PrefixCache:
+                      tile: int, splicer: Splicer | None = None) -> PrefixCache:
     """A prefix cache whose disk store under `root` (none for a budget of 0
     or less) is keyed by `weights` and `kv`; `tile` is the engine's
-    exactness rule (rule.py). Raises OSError when the weights cannot be read."""
+    exactness rule (rule.py); `splicer` moves runs past a difference.
+    Raises OSError when the weights cannot be read."""
     disk = None if budget_bytes <= 0 else DiskStore(root, disk_identity(weights, kv), budget_bytes)
-    return PrefixCache(disk, tile)
+    return PrefixCache(disk, tile, splicer)
 
 
 class PrefixCache:
@@ -101,9 +105,11 @@ class PrefixCache:
     disk, on the engine's behalf. `tile` is the engine's (rule.py): how
     much of a hit may be reused exactly."""
 
-    def __init__(self, disk: DiskStore | None = None, tile: int = TILE):
+    def __init__(self, disk: DiskStore | None = None, tile: int = TILE,
+                 splicer: Splicer | None = None):
         self.disk = disk
         self.tile = tile
+        self.splicer = splicer      # moves runs past a difference (reuse.py); None: off
 
     # ---- engine hooks (engine thread) ------------------------------------------
 
@@ -122,20 +128,79 @@ class PrefixCache:
 
     def _attach_one(self, ctx: LlamaContext, seq: Sequence, copy_sources: set[int]) -> None:
         src, n = seq.kv_src
-        hit = self._disk_hit(seq, n)
         # A state_set into a slot that a copy still has to read (the copy
         # runs at the next decode) would hand the copy the wrong bytes.
-        if hit is not None and self.disk is not None and seq.slot not in copy_sources:
-            restored = self._restore(self.disk, ctx, seq, hit)
+        if seq.slot not in copy_sources:
+            restored = self._from_disk(ctx, seq, seq.moved.total if seq.moved else n)
             if restored:
+                seq.moved = None
                 return
             if restored is None and src == seq.slot:
-                n = 0       # the failed restore wiped the slot's own prefix
+                n, seq.moved = 0, None      # the failed restore wiped the slot's own prefix
+            if seq.moved is not None and self.splicer is not None:
+                spliced = self._splice(ctx, seq, ctx.state_get(src), seq.moved)
+                if spliced:
+                    return
+                if spliced is None and src == seq.slot:
+                    n = 0
+        seq.moved = None
         if src != seq.slot:
             ctx.seq_cp(src, seq.slot)
             copy_sources.add(src)
         ctx.seq_rm(seq.slot, n, -1)
         seq.n_computed = seq.n_cached = n
+
+    def _from_disk(self, ctx: LlamaContext, seq: Sequence, memory: int) -> bool | None:
+        """Restore the best disk state when it beats the `memory` tokens the
+        slots give: a stored prefix, or runs of a state that differs early,
+        spliced. True when restored; False when the slot is untouched; None
+        when llama.cpp rejected a state and the slot was cleared."""
+        if self.disk is None:
+            return False
+        hit = self._disk_hit(seq, memory)
+        moved = self._disk_moves(seq, max(memory, hit.n if hit else 0))
+        if moved is not None:
+            data = self.disk.load(moved[0])
+            spliced = False if data is None else self._splice(ctx, seq, data, moved[1], True)
+            if spliced is not False:
+                return spliced
+        return False if hit is None else self._restore(self.disk, ctx, seq, hit)
+
+    def _disk_moves(self, seq: Sequence, beat: int) -> tuple[Hit, Reuse] | None:
+        """The recent disk state whose prefix and moved runs give the most,
+        when that beats `beat` tokens by MIN_DISK_GAIN."""
+        if self.disk is None or self.splicer is None or len(seq.prompt) - beat < BLOCK:
+            return None
+        best: tuple[Hit, Reuse] | None = None
+        try:
+            found = self.disk.recent(RECENT_STATES)
+        except OSError:
+            return None
+        for hit, tokens in found:
+            prefix = exact_reuse(usable_prefix(tokens, seq.prompt), len(seq.prompt), self.tile)
+            got = plan(tokens, seq.prompt, prefix, self.splicer.min_run)
+            if got.runs and got.total >= max(beat + MIN_DISK_GAIN, best[1].total if best else 0):
+                best = (hit, got)
+        return best
+
+    def _splice(self, ctx: LlamaContext, seq: Sequence, state: bytes | memoryview,
+                moved: Reuse, from_disk: bool = False) -> bool | None:
+        """The slot's KV from `state` with the runs moved in (splice.py):
+        True when done; False when the slot is as it was; None when
+        llama.cpp refused the state and the slot was cleared."""
+        assert self.splicer is not None
+        runs = [Move(r.src, r.dst, r.n) for r in moved.runs]
+        try:
+            new, n = self.splicer.splice(state, seq.prompt, moved.prefix, runs)
+        except LlmctlError as e:
+            log.warning("moving cached runs for request %d failed: %s", seq.id, e)
+            return False
+        if not ctx.state_set(new, seq.slot):
+            ctx.seq_rm(seq.slot)
+            return None
+        seq.n_computed, seq.n_cached = n, moved.total
+        seq.cached_from_disk = from_disk
+        return True
 
     def _disk_hit(self, seq: Sequence, n_memory: int) -> Hit | None:
         if self.disk is None or len(seq.prompt) - n_memory < BLOCK // 4:
@@ -192,6 +257,9 @@ class PrefixCache:
         disk.save(tokens, ctx.state_get(seq.slot))
 
     def close(self) -> None:
-        """Write what the disk store has queued, then stop its writer."""
+        """Write what the disk store has queued, then stop its writer; free
+        the splicer's context."""
         if self.disk is not None:
             self.disk.close()
+        if self.splicer is not None:
+            self.splicer.close()

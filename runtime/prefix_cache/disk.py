@@ -180,6 +180,28 @@ class DiskStore:
         n = usable_prefix(header["tokens"], prompt)
         return Hit(path, n, state[1]) if n >= k * BLOCK or n == len(prompt) - 1 else None
 
+    def recent(self, limit: int) -> list[tuple[Hit, list[int]]]:
+        """The `limit` most recently used states, each as a Hit for all its
+        tokens with the tokens themselves: what a prompt that differs early
+        may splice from (reuse.py). Never raises for a bad file: it is
+        deleted (when it is ours) and the rest are read."""
+        files = sorted(_own_files(self.dir, ".kv"), key=lambda f: f[1].st_mtime, reverse=True)
+        out = []
+        for path, _ in files[:limit]:
+            try:
+                state = read_state(path)
+                if state is None:
+                    continue
+                header = decode_header(state[0])
+            except OSError:
+                continue
+            except ValueError as e:
+                _remove_own(path, str(e))
+                continue
+            if header["ns"] == self.ns:
+                out.append((Hit(path, len(header["tokens"]), state[1]), header["tokens"]))
+        return out
+
     def load(self, hit: Hit) -> bytes | None:
         """The state's bytes, both checksums checked; None when the file is
         gone, bad (then deleted) or replaced since the lookup. Never raises."""
