@@ -33,22 +33,43 @@ DECISIONS: Counter = Counter()
 
 
 def affinity_key(body: Any) -> str | None:
-    """The routing key of a parsed OpenAI request body, or None when it has
-    nothing to key on (no messages or prompt: any replica will do)."""
+    """The routing key of a parsed request body (OpenAI's chat, completion
+    or Responses API, Anthropic's Messages), or None when it has nothing to
+    key on (any replica will do). A client's `prompt_cache_key` (OpenAI's
+    cache-affinity hint, which Codex sends) is the key when given: the
+    client knows which requests share a prompt."""
     if not isinstance(body, dict):
         return None
-    messages, prompt = body.get("messages"), body.get("prompt")
+    model = body.get("model")
+    hint = body.get("prompt_cache_key")
+    if isinstance(hint, str) and hint:
+        return _digest(f"{model}\0hint\0{hint}")
+    text = _leading_text(body)
+    return None if text is None else _digest(f"{model}\0{text[:AFFINITY_CHARS]}")
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def _leading_text(body: dict) -> str | None:
+    """What the prompt is rendered from, in its order: the system part
+    (Anthropic's `system`, Responses' `instructions`), then the messages'
+    roles and contents (or Responses' `input`), or a completion prompt."""
+    messages = body.get("messages", body.get("input"))
+    prompt = body.get("prompt")
+    head = body.get("system", body.get("instructions"))
+    if isinstance(messages, str) and messages:
+        messages = [{"role": "user", "content": messages}]
     if isinstance(messages, list) and messages:
         # Roles and contents only, in order: the chat template renders them
         # in this order, so equal leading text means an equal leading prompt.
-        text = json.dumps([(m.get("role"), m.get("content")) if isinstance(m, dict) else m
-                           for m in messages], ensure_ascii=False, default=str)
-    elif isinstance(prompt, str) and prompt:
-        text = prompt
-    else:
-        return None
-    head = f"{body.get('model')}\0{text[:AFFINITY_CHARS]}"
-    return hashlib.blake2b(head.encode(), digest_size=8).hexdigest()
+        parts = [(m.get("role"), m.get("content")) if isinstance(m, dict) else m
+                 for m in messages]
+        return json.dumps([head, *parts] if head else parts, ensure_ascii=False, default=str)
+    if isinstance(prompt, str) and prompt:
+        return prompt
+    return None
 
 
 def owner(key: str, replica_ids: list[str]) -> str:

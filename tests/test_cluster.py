@@ -70,6 +70,21 @@ def test_affinity_key_follows_the_leading_text():
     assert affinity_key({"model": "smollm2"}) is None and affinity_key([1]) is None
 
 
+def test_agents_protocols_and_their_cache_hint_key_the_route():
+    a, b = TENANT.format(n=1), TENANT.format(n=2)
+    msgs = [{"role": "user", "content": "hi"}]
+    # Anthropic's system and Responses' instructions lead the prompt.
+    assert affinity_key({"model": "m", "system": a, "messages": msgs}) != \
+        affinity_key({"model": "m", "system": b, "messages": msgs})
+    assert affinity_key({"model": "m", "instructions": a, "input": "one"}) == \
+        affinity_key({"model": "m", "instructions": a, "input": "one"})
+    assert affinity_key({"model": "m", "input": a}) != affinity_key({"model": "m", "input": b})
+    # prompt_cache_key wins over the text: the client says what shares a prompt.
+    hinted = {"model": "m", "instructions": a, "input": "x", "prompt_cache_key": "conv-7"}
+    assert affinity_key(hinted) == affinity_key({**hinted, "instructions": b})
+    assert affinity_key(hinted) != affinity_key({**hinted, "prompt_cache_key": "conv-8"})
+
+
 def test_rendezvous_owner_moves_only_the_lost_replicas_keys():
     replicas = ["r1", "r2", "r3", "r4"]
     keys = [affinity_key({"prompt": f"tenant {n}"}) for n in range(200)]
