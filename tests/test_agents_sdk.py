@@ -36,14 +36,13 @@ def test_agent_calls_its_tool_and_finishes(url):
         return f"It is sunny and 21 C in {city}."
 
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
-    # tool_choice "required" makes the 0.5B model call at once; handed the
-    # result it calls again rather than answer, so the agent finishes on its
-    # first tool result (the SDK's stop_on_first_tool).
+    # tool_choice stays the SDK's default, "auto": the model chooses to call.
+    # Handed the result, the 0.5B model echoes its call instead of answering,
+    # so the agent finishes on its first tool result (stop_on_first_tool).
     agent = Agent(name="weather", instructions="Answer weather questions with the tool.",
                   tools=[get_weather], tool_use_behavior="stop_on_first_tool",
                   model=OpenAIResponsesModel(model=MODEL, openai_client=client),
-                  model_settings=ModelSettings(tool_choice="required", temperature=0,
-                                               max_tokens=64))
+                  model_settings=ModelSettings(temperature=0, max_tokens=64))
     result = asyncio.run(Runner.run(agent, "What's the weather in Paris?", max_turns=4))
     assert calls and "paris" in calls[0].lower()
     assert result.final_output == "It is sunny and 21 C in Paris."

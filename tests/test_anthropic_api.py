@@ -287,8 +287,6 @@ def test_error_mid_stream_is_an_error_event():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="the JSON Schema converter refuses keywords of Claude "
-                   "Code's tools: minimum/maximum, an allOf of two patterns, maxLength > 1000")
 def test_claude_codes_first_request(session_home):
     """Claude Code's captured first turn (about 11,600 prompt tokens), sent as
     it sends it, with pings while the long prompt prefills."""
