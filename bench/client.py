@@ -9,7 +9,7 @@ import asyncio
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 from urllib.parse import urlsplit
 
 import httpx
@@ -124,6 +124,17 @@ def _error_text(status: int, body: bytes) -> str:
     except (ValueError, AttributeError):
         message = body.decode(errors="replace")
     return f"HTTP {status}: {str(message).strip()[:160]}"
+
+
+def sse_chunks(lines: Iterable[str]) -> Iterator[dict]:
+    """The JSON objects of an OpenAI-style server-sent event stream's
+    `data:` lines, up to `[DONE]`. Raises ValueError for a data line that is
+    not JSON."""
+    for line in lines:
+        if line == "data: [DONE]":
+            return
+        if line.startswith("data: "):
+            yield json.loads(line[6:])
 
 
 def _chunk_text(chunk: dict) -> str:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import httpx
 
+from llmctl.bench.client import sse_chunks
 from llmctl.bench.launcher import Server
 
 LLAMA_SERVER = Path("/tmp/llama-server-build/bin/llama-server")
@@ -74,10 +75,7 @@ def ask(url: str, model: str, messages: list[dict], tools: list[dict]) -> dict:
     with httpx.Client(timeout=3600) as client, \
             client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        for chunk in sse_chunks(r.iter_lines()):
             usage = chunk.get("usage") or usage
             cache_n = (chunk.get("timings") or {}).get("cache_n", cache_n)
             for choice in chunk.get("choices", []):

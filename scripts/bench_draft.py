@@ -30,6 +30,7 @@ from pathlib import Path
 
 import httpx
 
+from llmctl.bench.client import sse_chunks
 from llmctl.bench.launcher import Server
 from llmctl.store.resolve import resolve_model
 
@@ -81,10 +82,7 @@ def stream(url: str, kind: str, tokens: int, model: str) -> dict:
     text, first, last, usage, timings = [], None, None, None, {}
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=1800) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        for chunk in sse_chunks(r.iter_lines()):
             usage = chunk.get("usage") or usage
             timings = chunk.get("timings") or timings
             for choice in chunk.get("choices", []):
