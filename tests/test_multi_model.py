@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from llmctl.bench.launcher import Server
+from llmctl.cli.serve import MOVE_CACHED_RUNS
 from llmctl.runtime.config import LoadOptions
 from llmctl.runtime.pool.model_pool import estimate_bytes
 from llmctl.store.resolve import resolve_model
@@ -27,7 +28,8 @@ LONG = "You are a careful assistant who answers in one short sentence. " * 24
 
 @pytest.fixture(scope="module")
 def budget(session_home):
-    opts = LoadOptions(ctx_size=1024, max_num_seqs=2)
+    # As the server loads them: serve's defaults include moving cached runs.
+    opts = LoadOptions(ctx_size=1024, max_num_seqs=2, move_cached_runs=MOVE_CACHED_RUNS)
     sizes = [estimate_bytes(resolve_model(m), opts) for m in MODELS]
     return max(sizes) + (8 << 20)       # one model fits, never both
 

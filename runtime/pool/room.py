@@ -48,7 +48,8 @@ OVERHEAD_BYTES = 64 << 20
 
 def estimate_bytes(resolved: "ResolvedModel", opts: "LoadOptions") -> int:
     """Memory a model will hold once loaded: its weights, the KV cache of
-    every slot at the context it will get, and a fixed overhead. Raises
+    every slot at the context it will get (and of the splice context when
+    cached runs may move), and a fixed overhead. Raises
     BadModelFile for a file that is not GGUF."""
     from llmctl.runtime import planner
     from llmctl.runtime.llm import DEFAULT_CTX
@@ -58,7 +59,10 @@ def estimate_bytes(resolved: "ResolvedModel", opts: "LoadOptions") -> int:
     n_ctx = opts.ctx_size or min(resolved.context or DEFAULT_CTX,
                                  info.context_length or DEFAULT_CTX)
     shape = planner.ModelShape.from_info(info, opts.kv_type)
-    return info.size + shape.kv_bytes(n_ctx * opts.max_num_seqs) + OVERHEAD_BYTES
+    # Moving cached runs keeps a side context of one sequence and its gap
+    # margin once it has been used (runtime/llama/splice.py).
+    seqs = opts.max_num_seqs + (1 if opts.prefix_cache and opts.move_cached_runs else 0)
+    return info.size + shape.kv_bytes(n_ctx * seqs) + OVERHEAD_BYTES
 
 
 @dataclass
