@@ -92,7 +92,8 @@ class Engine:
         self.scheduler = Scheduler(SchedulerConfig(
             opts.max_num_seqs, opts.max_num_batched_tokens, opts.max_queue,
             prefix_sharing=prefix_cache is not None, tile=tile_for(self.flash_attn),
-            min_run=opts.move_cached_runs if ctx.can_shift else 0,
+            # Runs move only where the prefix cache has a splicer for them.
+            min_run=prefix_cache.splicer.min_run if prefix_cache and prefix_cache.splicer else 0,
             spec=opts.spec_config, n_ctx_seq=self.n_ctx_seq))
         self.prefix_cache = prefix_cache
         self.proposer = proposer

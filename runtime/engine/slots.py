@@ -35,6 +35,9 @@ class SlotTable:
         self._free = list(range(n_slots - 1, -1, -1))
         self._parked: OrderedDict[int, list[int]] = OrderedDict()   # slot -> tokens in its KV
         self._held: dict[int, list[int]] = {}   # a taken parked slot's tokens, until planned
+        # The runs take() planned per parked slot for one prompt, which
+        # plan_prefix reuses rather than plans again.
+        self._plans: tuple[list[int], dict[int, reuse.Reuse]] | None = None
 
     # ---- sizes (any thread) -----------------------------------------------------
 
@@ -61,9 +64,10 @@ class SlotTable:
         it, else the lowest free slot, else the least recently used parked
         one. Raises IndexError when every slot is busy (check `room`)."""
         best, best_n, best_score = -1, 0, 0
+        self._plans = (prompt, {})
         for slot, tokens in self._parked.items():
             n = reusable(tokens, prompt, self.tile)
-            score = self._moved(tokens, prompt, n).total if self._worth_moving(prompt, n) else n
+            score = self._moved(slot, tokens, prompt, n).total if self._worth_moving(prompt, n) else n
             if score > best_score:
                 best, best_n, best_score = slot, n, score
         if best_score >= self.min_share:
@@ -81,8 +85,16 @@ class SlotTable:
     def _worth_moving(self, prompt: list[int], n: int) -> bool:
         return self.min_run > 0 and len(prompt) - n >= 2 * self.min_run
 
-    def _moved(self, have: list[int], prompt: list[int], n: int) -> reuse.Reuse:
-        return reuse.plan(have, prompt, n, self.min_run)
+    def _moved(self, slot: int, have: list[int], prompt: list[int], n: int) -> reuse.Reuse:
+        """The runs of `slot`'s tokens `have` that `prompt` reuses past `n`:
+        planned once per prompt and slot (take, then plan_prefix)."""
+        plans = self._plans[1] if self._plans is not None and self._plans[0] is prompt else None
+        got = plans.get(slot) if plans is not None else None
+        if got is None or got.prefix != n:
+            got = reuse.plan(have, prompt, n, self.min_run)
+            if plans is not None:
+                plans[slot] = got
+        return got
 
     def give_back(self, seq: Sequence, park: list[int] | None) -> None:
         """A finished sequence's slot: parked with `park`, the tokens whose KV
@@ -122,8 +134,9 @@ class SlotTable:
         if leader is not None and target >= n + self.min_share:
             seq.wait_for, seq.wait_until = leader, target
             seq.status = Status.WAITING_PREFIX
-            return
-        self._plan_moves(seq)
+        else:
+            self._plan_moves(seq)
+        self._plans = None
 
     def _plan_moves(self, seq: Sequence) -> None:
         """Runs to move from the sequence's own slot or a parked one, when
@@ -139,7 +152,7 @@ class SlotTable:
         for slot, tokens in sources.items():
             # An exact prefix elsewhere counts only from its own slot.
             start = n if slot == src else reusable(tokens, seq.prompt, self.tile)
-            got = self._moved(tokens, seq.prompt, start)
+            got = self._moved(slot, tokens, seq.prompt, start)
             if got.runs and got.total >= (best[1].total if best else n + self.min_run):
                 best = (slot, got)
         if best is not None:
