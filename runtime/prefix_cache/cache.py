@@ -28,7 +28,7 @@ from llmctl.runtime.engine.sequence import Sequence
 from llmctl.runtime.llama import LLAMA_CPP_VERSION, Move, Splicer
 from llmctl.runtime.prefix_cache.disk import BLOCK, DiskStore, Hit
 from llmctl.runtime.prefix_cache.reuse import Reuse, plan
-from llmctl.runtime.prefix_cache.rule import TILE, exact_reuse, usable_prefix
+from llmctl.runtime.prefix_cache.rule import TILE, exact_reuse, reusable
 
 if TYPE_CHECKING:
     from llmctl.runtime.llama import LlamaContext
@@ -177,8 +177,8 @@ class PrefixCache:
         except OSError:
             return None
         for hit, tokens in found:
-            prefix = exact_reuse(usable_prefix(tokens, seq.prompt), len(seq.prompt), self.tile)
-            got = plan(tokens, seq.prompt, prefix, self.splicer.min_run)
+            got = plan(tokens, seq.prompt, reusable(tokens, seq.prompt, self.tile),
+                       self.splicer.min_run)
             if got.runs and got.total >= max(beat + MIN_DISK_GAIN, best[1].total if best else 0):
                 best = (hit, got)
         return best
