@@ -10,6 +10,7 @@ import json
 from typing import Any, Callable, overload
 
 from llmctl.runtime.formats.grammar_limits import MAX_DEPTH, MAX_SCHEMA_CHARS, Budget, bad
+from llmctl.runtime.formats.grammar_numbers import KEYS as NUMBER_BOUNDS
 
 MAX_REPEAT = 1_000          # llama.cpp refuses repetitions over 2000
 TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
@@ -18,11 +19,11 @@ ANNOTATIONS = {"title", "description", "$schema", "$id", "$comment", "examples",
 KEYWORDS = {"type", "properties", "required", "additionalProperties", "items", "prefixItems",
             "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
             "$defs", "definitions", "minLength", "maxLength", "format", "pattern",
-            "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"} | ANNOTATIONS
+            *NUMBER_BOUNDS} | ANNOTATIONS
 _OBJECT_KEYS = {"properties", "required", "additionalProperties"}
 _ARRAY_KEYS = {"items", "prefixItems", "minItems", "maxItems"}
 _STRING_KEYS = {"minLength", "maxLength", "format", "pattern"}
-_NUMBER_KEYS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
+_NUMBER_KEYS = set(NUMBER_BOUNDS)
 # allOf members that bound the same keyword: the tighter bound holds.
 _TIGHTER: dict[str, Callable[[Any, Any], Any]] = {
     "minLength": max, "minItems": max, "minimum": max, "exclusiveMinimum": max,
