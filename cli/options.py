@@ -187,7 +187,9 @@ KvTypeOpt = Annotated[KvType, typer.Option(
 
 
 class Spec(str, Enum):
-    none = "none"
+    auto = "auto"
+    off = "off"
+    none = "none"       # the older spelling of off
     ngram = "ngram"
     draft = "draft"
 
@@ -197,9 +199,10 @@ SpecOpt = Annotated[Spec, typer.Option(
     "--spec", envvar="LLMCTL_SPEC",
     help="Guess the next tokens and check them in one batched step; each token is still the "
          "model's own choice (token for token plain decoding's where llama.cpp's kernels allow: "
-         "see the README). ngram: from the prompt and output so far (prompt lookup; edits, code, RAG "
-         "answers). draft: with a small model of the same family (--draft, or the model's "
-         "registry default).")]
+         "see the README). auto: n-gram guesses only where they pay, as measured per sequence "
+         "on this machine. ngram: always, from the prompt and output so far (prompt lookup). "
+         "draft: with a small model of the same family (--draft, or the model's registry "
+         "default).")]
 DraftOpt = Annotated[Optional[str], typer.Option(
     "--draft", envvar="LLMCTL_DRAFT", metavar="MODEL",
     help="Draft model for speculation (turns --spec draft on): a registry name, store name or "
@@ -231,6 +234,16 @@ class Decoding:
     def load_fields(self) -> dict[str, Any]:
         """The LoadOptions fields these options set."""
         return {"kv_type": self.kv_type.value,
-                "spec": None if self.spec is Spec.none else self.spec.value,
+                "spec": _spec_mode(self.spec, self.draft),
                 "draft_max": self.draft_max, "draft_min": self.draft_min, "draft": self.draft,
                 "draft_p_min": self.draft_p_min}
+
+
+def _spec_mode(spec: Spec, draft: str | None) -> str | None:
+    """LoadOptions' speculation mode: naming a draft model under auto means
+    speculating with it."""
+    if spec in (Spec.off, Spec.none):
+        return None
+    if spec is Spec.auto and draft is not None:
+        return "draft"
+    return spec.value

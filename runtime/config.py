@@ -26,9 +26,10 @@ class LoadOptions:
     prefix_cache: bool = True
     prefix_cache_size_gb: float = 4.0
     move_cached_runs: int = 0            # prefix_cache/reuse.py's min_run; 0: exact prefixes only
-    # Speculation: None (off), "ngram" (prompt lookup) or "draft" (a draft
-    # model: `draft`, else the registry's default draft for the model);
-    # naming a draft alone means "draft". Guesses per step.
+    # Speculation: None (off), "auto" (n-gram guesses where they pay),
+    # "ngram" (prompt lookup, always) or "draft" (a draft model: `draft`,
+    # else the registry's default draft for the model); naming a draft
+    # alone, or with auto, means "draft". Guesses per step.
     spec: str | None = None
     draft: str | None = None
     draft_max: int = DRAFT_MAX
@@ -66,7 +67,7 @@ class LoadOptions:
     @property
     def spec_config(self) -> SpecConfig:
         """The speculation settings. Raises ValueError for bad values."""
-        mode = self.spec or ("draft" if self.draft else None)
+        mode = "draft" if self.draft and self.spec in (None, "auto") else self.spec
         return SpecConfig(mode, self.draft_max, self.draft_min, self.draft_p_min)
 
     def _check_kv_type(self) -> None:

@@ -57,7 +57,8 @@ async def metrics(request: Request):
     """GET /metrics: every model's counters, in Prometheus' text format."""
     pool = state_of(request).pool
     # Every model's counters, and those of models already unloaded.
-    return PlainTextResponse(render_metrics(pool.stats(), len(pool.loaded())),
+    per_model = {e.name: e.llm.stats() for e in pool.loaded() if e.llm}
+    return PlainTextResponse(render_metrics(pool.stats(), len(pool.loaded()), per_model),
                              media_type="text/plain; version=0.0.4")
 
 

@@ -24,8 +24,23 @@ def _gauge(name: str, value: int | str, kind: str = "gauge") -> list[str]:
     return [f"# TYPE {_P}_{name} {kind}", f"{_P}_{name} {value}"]
 
 
-def render(stats: Stats, models_loaded: int) -> str:
-    """The exposition text of one snapshot (every model's, added up)."""
+def _per_model(per_model: dict[str, Stats]) -> list[str]:
+    """Speculation's counters by model: whether it pays depends on the model."""
+    series = (("spec_steps_total", "spec_steps"), ("spec_accepted_tokens_total", "spec_accepted"),
+              ("spec_declined_tokens_total", "spec_declined"),
+              ("spec_saved_seconds_total", "spec_saved_s"))
+    lines = []
+    for name, attr in series:
+        lines.append(f"# TYPE {_P}_model_{name} counter")
+        for model, s in per_model.items():
+            label = model.replace("\\", "\\\\").replace('"', '\\"')
+            lines.append(f'{_P}_model_{name}{{model="{label}"}} {getattr(s, attr):g}')
+    return lines
+
+
+def render(stats: Stats, models_loaded: int, per_model: dict[str, Stats] | None = None) -> str:
+    """The exposition text of one snapshot (every model's, added up), and
+    of each loaded model's speculation counters."""
     lines = [
         *_gauge("models_loaded", models_loaded),
         *_gauge("requests_running", stats.running),
@@ -40,6 +55,8 @@ def render(stats: Stats, models_loaded: int) -> str:
         *_gauge("spec_drafted_tokens_total", stats.spec_drafted, "counter"),
         *_gauge("spec_accepted_tokens_total", stats.spec_accepted, "counter"),
         *_gauge("spec_steps_total", stats.spec_steps, "counter"),
+        *_gauge("spec_declined_tokens_total", stats.spec_declined, "counter"),
+        *_gauge("spec_saved_seconds_total", f"{stats.spec_saved_s:.3f}", "counter"),
         f"# TYPE {_P}_embedding_requests_total counter",
         *(f'{_P}_embedding_requests_total{{status="{k}"}} {v}'
           for k, v in stats.embed_requests.items()),
@@ -48,5 +65,6 @@ def render(stats: Stats, models_loaded: int) -> str:
         *_gauge("engine_step_age_seconds", f"{stats.step_age_s:.3f}"),
         *_histogram(f"{_P}_time_to_first_token_seconds", stats.ttft),
         *_histogram(f"{_P}_inter_token_latency_seconds", stats.itl),
+        *_per_model(per_model or {}),
     ]
     return "\n".join(lines) + "\n"

@@ -1,5 +1,5 @@
-"""Prompt-lookup speculation: the draft proposer, the scheduler's adaptive
-draft length, and exactness through the real engine: with `spec="ngram"`
+"""Prompt-lookup speculation: the proposer, the scheduler's guess budget,
+and exactness through the real engine: with `spec="ngram"`
 greedy answers and their finish reasons are those of plain decoding, token
 for token, and their logprobs agree closely."""
 
@@ -9,13 +9,13 @@ import threading
 import pytest
 from near_tie import assert_same_until_near_tie, top_from_engine
 
-from llmctl.runtime.engine.loop import propose_into
 from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig
 from llmctl.runtime.engine.sequence import Sequence, Status
+from llmctl.runtime.engine.speculate import propose_into
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.speculation.config import SpecConfig
-from llmctl.runtime.speculation.ngram import NGRAM_MAX, NGRAM_MIN, NgramProposer, ngram_draft
+from llmctl.runtime.speculation.ngram import CANDIDATES, MATCH_MAX, NGRAM_MIN, NgramProposer, ngram_guess
 from llmctl.store.resolve import ResolvedModel
 from tests.conftest import smollm2_file
 
@@ -34,31 +34,49 @@ PROMPTS = [
 
 # ---- the proposer --------------------------------------------------------------------
 
-def naive_draft(tokens: list[int], k: int) -> list[int]:
-    for n in range(min(NGRAM_MAX, len(tokens) - 1), NGRAM_MIN - 1, -1):
-        tail = tokens[-n:]
-        for start in range(len(tokens) - n - 1, -1, -1):
-            if tokens[start:start + n] == tail:
-                follow = tokens[start + n:start + n + k]
-                if follow:
-                    return follow
-    return []
+def naive_guess(tokens: list[int], k: int) -> tuple[list[int], int]:
+    """The longest-match rule, spelled out: among the CANDIDATES latest
+    earlier occurrences of the last NGRAM_MIN tokens that leave a token
+    after them, the one whose match reaches furthest back (the latest among
+    equals), with that match's length capped at MATCH_MAX."""
+    if k <= 0 or len(tokens) <= NGRAM_MIN:
+        return [], 0
+    n, best, seen = len(tokens), (-1, 0), 0
+    for start in range(n - NGRAM_MIN - 1, -1, -1):
+        if tokens[start:start + NGRAM_MIN] != tokens[-NGRAM_MIN:]:
+            continue
+        seen += 1
+        follow = start + NGRAM_MIN
+        length = NGRAM_MIN
+        while length < min(MATCH_MAX, follow) and tokens[follow - length - 1] == tokens[n - length - 1]:
+            length += 1
+        if length > best[1]:
+            best = (follow, length)
+        if seen == CANDIDATES or best[1] >= MATCH_MAX:
+            break
+    if best[0] < 0:
+        return [], 0
+    return tokens[best[0]:best[0] + k], best[1]
 
 
-def test_draft_follows_the_latest_longest_match():
-    assert ngram_draft([1, 2, 3, 4, 5, 9, 9, 1, 2, 3], 4) == [4, 5, 9, 9]
-    assert ngram_draft([5, 1, 2, 7, 1, 2, 8, 1, 2], 2) == [8, 1]
-    assert ngram_draft([1, 2, 3], 3) == [] and ngram_draft([1, 2, 1, 2], 0) == []
+def test_a_guess_follows_the_longest_match_with_its_length():
+    g = ngram_guess([1, 2, 3, 4, 5, 9, 9, 1, 2, 3], 4)
+    assert (g.tokens, g.match) == ([4, 5, 9, 9], 3)
+    # 7 1 2 matches three tokens back, the later 8 1 2 only two.
+    g = ngram_guess([7, 1, 2, 5, 8, 1, 2, 6, 7, 1, 2], 2)
+    assert (g.tokens, g.match) == ([5, 8], 3)
+    assert ngram_guess([1, 2, 3], 3).tokens == [] and ngram_guess([1, 2, 1, 2], 0).tokens == []
 
 
-def test_draft_matches_a_naive_search_on_random_text():
+def test_guesses_match_a_naive_search_on_random_text():
     rnd = random.Random(0)
-    for _ in range(500):
+    for _ in range(800):
         # Large ids too: their bytes can line up across token boundaries.
-        vocab = rnd.choice([[1, 2, 3], [0, 256, 65536, 1 << 24], list(range(8))])
-        tokens = [rnd.choice(vocab) for _ in range(rnd.randrange(0, 40))]
+        vocab = rnd.choice([[1, 2, 3], [0, 256, 65536, 1 << 24], list(range(8)), [5]])
+        tokens = [rnd.choice(vocab) for _ in range(rnd.randrange(0, 120))]
         k = rnd.randrange(0, 6)
-        assert ngram_draft(tokens, k) == naive_draft(tokens, k), (tokens, k)
+        g = ngram_guess(tokens, k)
+        assert (g.tokens, g.match if g.tokens else 0) == naive_guess(tokens, k), (tokens, k)
 
 
 # ---- the scheduler -----------------------------------------------------------------
@@ -91,11 +109,11 @@ def test_a_sequence_whose_guesses_fail_checks_one_at_a_time():
     s = Scheduler(SchedulerConfig(32, 512, spec=SpecConfig("draft", 8, 1), tile=1))
     seq, = decoding(s, 1)
     assert s.schedule()[0].room == 8
-    s.record_spec(seq, 8, 0)
+    s.record_spec(seq, 0)
     assert s.schedule()[0].room == 1
-    s.record_spec(seq, 1, 1)
+    s.record_spec(seq, 1)
     assert s.schedule()[0].room == 3
-    s.record_spec(seq, 3, 3)
+    s.record_spec(seq, 3)
     assert s.schedule()[0].room == 7
 
 

@@ -51,7 +51,7 @@ def proposer_for(opts: LoadOptions, ctx: LlamaContext, shape: EngineShape,
     model's context mirrors the target's slots and sizes. Raises what
     LlamaContext raises for the draft's context."""
     spec = opts.spec_config
-    if spec.mode == "ngram":
+    if spec.mode in ("auto", "ngram"):
         return NgramProposer()
     if spec.mode != "draft" or draft_model is None:
         return None

@@ -8,7 +8,8 @@ caused them: a sampling or detokenizing error fails that request only, and a
 batch llama.cpp has no KV room for is retried in halves.
 
 With speculation, a proposer (speculation/) fills in the guesses the
-scheduler made room for, and the step's one decode checks them (_verify).
+scheduler made room for (speculate.py, which in auto mode also cuts them to
+what pays), and the step's one decode checks them (_verify).
 
 ctypes releases the GIL inside llama_decode, so callers (the HTTP event
 loop, the chat REPL) stay responsive while the engine computes."""
@@ -30,12 +31,13 @@ from llmctl.runtime.engine.events import ErrorEvent, Event, FinishEvent, TokenEv
 from llmctl.runtime.engine.logprobs import TokenLogprob, token_logprob
 from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig, Work
 from llmctl.runtime.engine.sequence import Sequence, Status
+from llmctl.runtime.engine.speculate import Speculation
 from llmctl.runtime.engine.stats import Stats
 from llmctl.runtime.llama import LlamaContext, LlamaModel, Sampler, validate_sampling
 from llmctl.runtime.llama.grammar_budget import GrammarBudget
 from llmctl.runtime.prefix_cache.rule import tile_for
 from llmctl.runtime.sampling import SamplingParams
-from llmctl.runtime.speculation.proposer import Proposer, Want, check_guesses
+from llmctl.runtime.speculation.proposer import Proposer, check_guesses
 
 if TYPE_CHECKING:
     from llmctl.runtime.prefix_cache.cache import PrefixCache
@@ -96,7 +98,8 @@ class Engine:
             min_run=prefix_cache.splicer.min_run if prefix_cache and prefix_cache.splicer else 0,
             spec=opts.spec_config, n_ctx_seq=self.n_ctx_seq))
         self.prefix_cache = prefix_cache
-        self.proposer = proposer
+        self.spec = None if proposer is None else Speculation(
+            proposer, opts.spec_config.mode == "auto", self.scheduler.collector)
         self.failure: str | None = None
         self._streams: dict[int, _Stream] = {}
         self._cv = threading.Condition()
@@ -175,8 +178,8 @@ class Engine:
         self._end_all(lambda seq: self._finish(seq, "cancelled"))
         if self.prefix_cache is not None:
             self.prefix_cache.close()
-        if self.proposer is not None:
-            self.proposer.close()
+        if self.spec is not None:
+            self.spec.close()
         self.ctx.close()
 
     # ---- the engine thread ------------------------------------------------------
@@ -202,10 +205,15 @@ class Engine:
             self._guard(seq, self._finish, seq, "cancelled")
         self._admit()
         plan = self.scheduler.schedule()
-        if self.proposer is not None:
-            propose_into(plan, self.proposer)
-        if plan:
+        if not plan:
+            return
+        if self.spec is None:
             self._decode(plan)
+            return
+        self.spec.fill(plan)
+        start = time.perf_counter()
+        self._decode(plan)
+        self.spec.timed(plan, time.perf_counter() - start)
 
     def _guard(self, seq: Sequence, fn: Callable[P, None], *args: P.args, **kwargs: P.kwargs) -> None:
         """Run one sequence's share of a step; its error fails it alone."""
@@ -280,7 +288,9 @@ class Engine:
             self.ctx.seq_rm(seq.slot, seq.n_computed, -1)
             return
         sampled = check_guesses(w.draft, lambda i: self._sample(seq, row + i))
-        self.scheduler.record_spec(seq, len(w.draft), len(sampled) - 1)
+        assert self.spec is not None
+        self.spec.checked(w, len(sampled) - 1)
+        self.scheduler.record_spec(seq, len(sampled) - 1)
         self.ctx.seq_rm(seq.slot, seq.n_computed + len(sampled) - 1, -1)
         for i, (token, lp) in enumerate(sampled):
             if i:
@@ -360,26 +370,6 @@ class Engine:
                 end(seq)
             except Exception:
                 log.exception("ending request %d", seq.id)
-
-
-def propose_into(plan: list[Work], proposer: Proposer) -> None:
-    """Fill in the proposer's guesses for the sequences the scheduler gave
-    room to guess; no guesses is a plain step. Raises what the proposer's
-    `worth` raises (its `propose` never raises)."""
-    asks: list[Work] = []
-    wants: list[Want] = []
-    for w in plan:
-        if w.room:
-            tokens = w.seq.tokens
-            if proposer.worth(w.seq.slot, tokens, w.seq.max_new - len(w.seq.output)):
-                asks.append(w)
-                wants.append((w.seq.slot, tokens, w.room))
-    if not asks:
-        return
-    for w, draft in zip(asks, proposer.propose(wants), strict=False):
-        if draft:
-            w.draft = draft
-            w.tokens = [w.tokens[0], *draft]
 
 
 def _split(plan: list[Work]) -> tuple[list[Work], list[Work]] | None:

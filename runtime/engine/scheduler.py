@@ -64,6 +64,7 @@ class Work:
     sample: bool        # this chunk ends the known tokens: sample after it
     draft: list[int] = field(default_factory=list)  # guesses after tokens[0], a proposer's
     room: int = 0       # guesses the budget allows this step (speculation)
+    decode: bool = False  # a decoding sequence's step (its last token, and any draft)
 
 
 class Scheduler:
@@ -104,13 +105,14 @@ class Scheduler:
         """(running, waiting, parked slots, free slots)."""
         return (len(self.running), len(self._waiting), *self.slots.counts())
 
-    def record_spec(self, seq: Sequence, drafted: int, accepted: int) -> None:
-        """Count a speculating step and set the sequence's next guess cap: a
-        checked row costs a good part of a decode step (docs/speculation.md),
-        so a sequence whose guesses keep failing checks one at a time, and
-        one whose guesses hold doubles its cap."""
+    @staticmethod
+    def record_spec(seq: Sequence, accepted: int) -> None:
+        """Set the sequence's next guess cap after a check under a forced
+        mode (auto measures instead: speculation/adaptive.py): a checked
+        row costs a good part of a decode step (docs/speculation.md), so a
+        sequence whose guesses keep failing checks one at a time, and one
+        whose guesses hold doubles its cap."""
         seq.spec_cap = 2 * accepted + 1
-        self._stats.record_spec(drafted, accepted)
 
     def make_stats(self) -> Stats:
         return self._stats.snapshot(*self.counts())
@@ -200,19 +202,22 @@ class Scheduler:
         """Guesses per decoding sequence this step: none while prompts wait
         to be computed (they come first) and fewer as the batch fills."""
         spec = self.cfg.spec
-        if (spec.mode is None or prefilling or self._waiting or not n_decoding
-                or n_decoding > self.cfg.spec_seqs):
+        if spec.mode is None or prefilling or self._waiting or not n_decoding:
             return 0
-        k = min(spec.draft_max, self.cfg.spec_rows // n_decoding,
-                self.cfg.max_num_batched_tokens // n_decoding - 1)
+        k = min(spec.draft_max, self.cfg.max_num_batched_tokens // n_decoding - 1)
+        if spec.mode != "auto":     # auto weighs each row by its measured cost instead
+            if n_decoding > self.cfg.spec_seqs:
+                return 0
+            k = min(k, self.cfg.spec_rows // n_decoding)
         return k if k >= spec.draft_min else 0
 
     def _decode_work(self, seq: Sequence, k: int) -> Work:
-        room = min(k, seq.spec_cap, seq.max_new - len(seq.output) - 1,
+        cap = k if self.cfg.spec.mode == "auto" else seq.spec_cap
+        room = min(k, cap, seq.max_new - len(seq.output) - 1,
                    self.cfg.n_ctx_seq - len(seq.prompt) - len(seq.output) - 1)
         if room < self.cfg.spec.draft_min:
             room = 0
-        return Work(seq, [seq.output[-1]], seq.n_computed, True, room=room)
+        return Work(seq, [seq.output[-1]], seq.n_computed, True, room=room, decode=True)
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """How many prompt tokens to compute now: all that are left if they

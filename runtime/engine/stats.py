@@ -53,6 +53,8 @@ class Stats:
     spec_steps: int = 0                 # decode steps that checked guessed tokens
     spec_drafted: int = 0               # guessed tokens checked
     spec_accepted: int = 0              # ...that were right
+    spec_declined: int = 0              # guesses --spec auto found not worth a check
+    spec_saved_s: float = 0.0           # decode time speculation saved, as measured
     embed_requests: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     embed_tokens: int = 0               # tokens computed for embeddings
     step_age_s: float = 0.0             # gauge: since the engine's last step, while it has work
@@ -62,6 +64,7 @@ class Stats:
         return Stats(0, 0, 0, 0, dict(self.requests), self.prompt_tokens, self.cached_tokens,
                      self.cached_tokens_disk, self.generation_tokens, self.ttft, self.itl,
                      self.spec_steps, self.spec_drafted, self.spec_accepted,
+                     self.spec_declined, self.spec_saved_s,
                      dict(self.embed_requests), self.embed_tokens)
 
     @property
@@ -91,6 +94,8 @@ class Stats:
                 "spec_accepted_tokens": self.spec_accepted,
                 "spec_acceptance_rate": round(self.spec_acceptance, 4),
                 "spec_mean_accepted_length": round(self.spec_mean_accepted, 3),
+                "spec_declined_guesses": self.spec_declined,
+                "spec_saved_s": round(self.spec_saved_s, 3),
                 "embedding_requests": dict(self.embed_requests),
                 "embedding_tokens": self.embed_tokens,
                 "engine_step_age_s": round(self.step_age_s, 3)}
@@ -106,7 +111,8 @@ class StatsCollector:
         self.cached_tokens = 0
         self.cached_tokens_disk = 0
         self.generation_tokens = 0
-        self.spec_steps = self.spec_drafted = self.spec_accepted = 0
+        self.spec_steps = self.spec_drafted = self.spec_accepted = self.spec_declined = 0
+        self.spec_saved_s = 0.0
         self.embed_requests = dict.fromkeys(OUTCOMES, 0)
         self.embed_tokens = 0
         self.ttft = Histogram(TTFT_BUCKETS)
@@ -135,6 +141,16 @@ class StatsCollector:
             self.spec_drafted += drafted
             self.spec_accepted += accepted
 
+    def record_spec_declined(self, n: int) -> None:
+        """Count `n` proposals that --spec auto did not check."""
+        with self._lock:
+            self.spec_declined += n
+
+    def record_spec_saved(self, seconds: float) -> None:
+        """Add what a speculating step saved (negative: what it cost)."""
+        with self._lock:
+            self.spec_saved_s += seconds
+
     def record_embed_tokens(self, n: int) -> None:
         """Count `n` tokens computed for embeddings (one batch's)."""
         with self._lock:
@@ -150,7 +166,8 @@ class StatsCollector:
             return Stats(running, waiting, parked, free, dict(self.requests), self.prompt_tokens,
                          self.cached_tokens, self.cached_tokens_disk, self.generation_tokens,
                          self.ttft.copy(), self.itl.copy(), self.spec_steps, self.spec_drafted,
-                         self.spec_accepted, dict(self.embed_requests), self.embed_tokens)
+                         self.spec_accepted, self.spec_declined, self.spec_saved_s,
+                         dict(self.embed_requests), self.embed_tokens)
 
 
 def _merged(hists: list[Histogram], buckets: tuple[float, ...]) -> Histogram:
@@ -173,7 +190,7 @@ def combine(snapshots: list[Stats]) -> Stats:
         for k, v in s.embed_requests.items():
             embed_requests[k] = embed_requests.get(k, 0) + v
 
-    def total(attr: str) -> int:
+    def total(attr: str):
         return sum(getattr(s, attr) for s in snapshots)
 
     return Stats(total("running"), total("waiting"), total("parked_slots"), total("free_slots"),
@@ -181,5 +198,6 @@ def combine(snapshots: list[Stats]) -> Stats:
                  total("cached_tokens_disk"), total("generation_tokens"),
                  _merged([s.ttft for s in snapshots], TTFT_BUCKETS),
                  _merged([s.itl for s in snapshots], ITL_BUCKETS), total("spec_steps"),
-                 total("spec_drafted"), total("spec_accepted"), embed_requests,
+                 total("spec_drafted"), total("spec_accepted"), total("spec_declined"),
+                 total("spec_saved_s"), embed_requests,
                  total("embed_tokens"), max((s.step_age_s for s in snapshots), default=0.0))

@@ -10,6 +10,7 @@ DRAFT_MIN = 1       # fewer found: don't speculate this step
 # A draft model's guesses stop where its top probability is lower
 # (llama-server's --draft-p-min has the same default).
 P_MIN = 0.75
+MODES = (None, "auto", "ngram", "draft")
 
 
 @dataclass(frozen=True)
@@ -17,14 +18,16 @@ class SpecConfig:
     """Speculation settings; `mode` None turns it off. Raises ValueError
     for out-of-range values."""
 
-    mode: str | None = None         # "ngram", or "draft" (a draft model: draft.py)
+    # "auto" (n-gram guesses where they pay: adaptive.py), "ngram" (always),
+    # or "draft" (a draft model: draft.py)
+    mode: str | None = None
     draft_max: int = DRAFT_MAX      # most guessed tokens per step
     draft_min: int = DRAFT_MIN      # fewer found: don't speculate this step
     p_min: float = P_MIN            # a draft model's guesses stop below it
 
     def __post_init__(self) -> None:
-        if self.mode not in (None, "ngram", "draft"):
-            raise ValueError(f"unknown speculation mode {self.mode!r}: use ngram or draft")
+        if self.mode not in MODES:
+            raise ValueError(f"unknown speculation mode {self.mode!r}: use auto, ngram or draft")
         if not 1 <= self.draft_min <= self.draft_max <= 64:
             raise ValueError("need 1 <= draft_min <= draft_max <= 64")
         if not 0 <= self.p_min <= 1:

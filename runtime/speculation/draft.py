@@ -23,7 +23,7 @@ from llmctl.errors import DecodeError, UsageError
 from llmctl.runtime.llama import ContextConfig, LlamaContext, LlamaModel
 from llmctl.runtime.prefix_cache.rule import usable_prefix
 from llmctl.runtime.speculation.config import DRAFT_MIN, P_MIN
-from llmctl.runtime.speculation.proposer import Want
+from llmctl.runtime.speculation.proposer import NO_GUESS, Guess, Want
 
 log = logging.getLogger("llmctl.draft")
 
@@ -84,7 +84,7 @@ class Drafter:
         lacking = len(tokens) - usable_prefix(self._have.get(slot, []), tokens)
         return lacking <= CATCH_UP_PER_TOKEN * remaining
 
-    def propose(self, wants: list[Want]) -> list[list[int]]:
+    def propose(self, wants: list[Want]) -> list[Guess]:
         """For each (slot, tokens so far, k): up to k guessed next tokens."""
         guesses: list[list[int]] = [[] for _ in wants]
         try:
@@ -95,11 +95,11 @@ class Drafter:
             log.warning("draft model decode failed, no guesses this step: %s", e)
             for slot, _, _ in wants:
                 self._forget(slot)
-            return [[] for _ in wants]
+            return [NO_GUESS for _ in wants]
         for (slot, tokens, _), g in zip(wants, guesses, strict=False):
             # Its last guess was never fed back: the KV ends just before it.
             self._have[slot] = tokens + g[:-1]
-        return [g if len(g) >= self.draft_min else [] for g in guesses]
+        return [Guess(g) if len(g) >= self.draft_min else NO_GUESS for g in guesses]
 
     def _catch_up(self, wants: list[Want], guesses: list[list[int]]) -> list[int]:
         """Feed each slot what its draft KV lacks (the whole prompt the first

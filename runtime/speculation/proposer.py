@@ -9,10 +9,24 @@ that is wrong, slow or failing only costs speed."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Protocol, TypeVar
 
 # (slot, the sequence's tokens so far, most guesses wanted)
 Want = tuple[int, list[int], int]
+
+
+@dataclass(frozen=True)
+class Guess:
+    """A proposer's guessed next tokens, and the length of the n-gram match
+    behind them (0 where they come from elsewhere, a draft model): the
+    evidence kind adaptive speculation measures them by."""
+
+    tokens: list[int]
+    match: int = 0
+
+
+NO_GUESS = Guess([])
 
 T = TypeVar("T")
 
@@ -25,8 +39,8 @@ class Proposer(Protocol):
         to generate, can pay at all."""
         ...
 
-    def propose(self, wants: list[Want]) -> list[list[int]]:
-        """For each want, up to its most guesses ([]: none this step).
+    def propose(self, wants: list[Want]) -> list[Guess]:
+        """For each want, up to its most guesses (none: none this step).
         Never raises: a failed guess is no guess."""
         ...
 

@@ -1,0 +1,202 @@
+"""Adaptive speculation (`--spec auto`): guess only where guessing pays, on
+this machine, for this model, for this sequence.
+
+A checked guess costs a row of the step's decode; a kept guess saves a
+whole step. What a row costs is measured, not assumed: `StepCosts` keeps
+the time of decode-only steps by their number of rows. What a guess is
+worth is measured per sequence: each keeps, per kind of evidence (the
+length of the n-gram match behind the guess), how many guesses it kept and
+how many checks failed, with the engine's counts for that kind as its
+prior. A run of kept guesses is modelled as geometric: each next guess
+holds with probability `alpha`, so k guesses keep alpha + ... + alpha^k on
+average.
+
+`Controller.trim` then cuts each sequence's guesses to the count that
+maximises the step's expected tokens per second, sequence by sequence,
+best evidence first. A full batch makes rows dear (the step already has
+many tokens to show for its time), so speculation yields to it by the
+same measure rather than by a fixed count of sequences. A sequence whose
+guesses do not pay stops guessing, and probes with a short guess every
+`PROBE_EVERY` declined proposals, so a task that turns repetitive (an
+answer that starts quoting its document) is noticed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Rows per step whose cost is tracked: guesses beyond it are not checked.
+MAX_ROWS = 128
+# Weight of a new step time in its row count's moving average.
+EWMA = 0.2
+# How many checks the engine's counts weigh in a sequence's estimate.
+PRIOR_WEIGHT = 8.0
+# A declined proposal every this many is checked anyway (2 guesses).
+PROBE_EVERY = 16
+PROBE_GUESSES = 2
+# A gain under this share of the step's rate is noise, not a reason to guess.
+MIN_GAIN = 0.02
+BUCKETS = 6
+# The engine's counts of a kind are halved past this many checks, so that
+# its prior follows the server's recent work rather than all of it.
+ENGINE_HORIZON = 2000.0
+
+
+def bucket(match_len: int) -> int:
+    """The evidence kind of a guess backed by an n-gram match of
+    `match_len` tokens (0: a draft model's, or no match length)."""
+    return min(BUCKETS - 1, max(0, match_len.bit_length() - 1))
+
+
+def expected_kept(alpha: float, k: int) -> float:
+    """Guesses kept on average out of `k`, each holding with `alpha` once
+    the ones before it held."""
+    if alpha >= 1.0:
+        return float(k)
+    return alpha * (1.0 - alpha ** k) / (1.0 - alpha)
+
+
+class StepCosts:
+    """Measured seconds of decode-only steps by their number of rows. An
+    unmeasured count is interpolated between measured ones; past the
+    widest measured count the cost is extrapolated along the measured
+    slope, and with one measurement it is taken as that one (optimistic,
+    so the first guesses measure what they cost). Raises nothing."""
+
+    def __init__(self, max_rows: int = MAX_ROWS):
+        self._t: list[float | None] = [None] * (max_rows + 1)
+
+    def record(self, rows: int, seconds: float) -> None:
+        if not 0 < rows < len(self._t) or seconds <= 0:
+            return
+        old = self._t[rows]
+        self._t[rows] = seconds if old is None else old + EWMA * (seconds - old)
+
+    def cost(self, rows: int) -> float | None:
+        """Estimated seconds of a step of `rows` rows; None before any step."""
+        rows = max(1, min(rows, len(self._t) - 1))
+        if self._t[rows] is not None:
+            return self._t[rows]
+        below = next((r for r in range(rows - 1, 0, -1) if self._t[r] is not None), None)
+        above = next((r for r in range(rows + 1, len(self._t)) if self._t[r] is not None), None)
+        if below is None and above is None:
+            return None
+        if below is None:
+            assert above is not None
+            return self._t[above]
+        lo = self._t[below]
+        assert lo is not None
+        if above is not None:
+            hi = self._t[above]
+            assert hi is not None
+            return lo + (hi - lo) * (rows - below) / (above - below)
+        return lo + max(0.0, self._slope()) * (rows - below)
+
+    def _slope(self) -> float:
+        """Seconds per row between the narrowest and widest measured counts."""
+        known = [(r, t) for r, t in enumerate(self._t) if t is not None]
+        if len(known) < 2:
+            return 0.0
+        (r0, t0), (r1, t1) = known[0], known[-1]
+        return (t1 - t0) / (r1 - r0)
+
+
+@dataclass
+class Evidence:
+    """Kept guesses and failed checks, per evidence kind."""
+
+    kept: list[float] = field(default_factory=lambda: [0.0] * BUCKETS)
+    failed: list[float] = field(default_factory=lambda: [0.0] * BUCKETS)
+
+    def add(self, kind: int, drafted: int, kept: int, horizon: float = 0.0) -> None:
+        """Count a check of `drafted` guesses of which `kept` held; past
+        `horizon` kept-plus-failed (0: never) this kind's counts halve."""
+        self.kept[kind] += kept
+        self.failed[kind] += kept < drafted
+        if horizon and self.kept[kind] + self.failed[kind] > horizon:
+            self.kept[kind] /= 2
+            self.failed[kind] /= 2
+
+
+@dataclass
+class SeqSpec:
+    """One sequence's speculation record."""
+
+    evidence: Evidence = field(default_factory=Evidence)
+    declined: int = 0           # proposals declined since its last check
+
+
+@dataclass
+class Candidate:
+    """A sequence's proposal for this step: its record, its guesses and
+    their evidence kind."""
+
+    record: SeqSpec
+    guesses: list[int]
+    kind: int
+
+
+class Controller:
+    """Decides how many of each sequence's guesses a step checks, from the
+    measured step costs and each sequence's measured evidence. Raises
+    nothing."""
+
+    def __init__(self) -> None:
+        self.costs = StepCosts()
+        self.engine = Evidence()
+
+    def alpha(self, record: SeqSpec, kind: int) -> float:
+        """How likely a guess of this kind holds for this sequence."""
+        g_kept, g_failed = self.engine.kept[kind], self.engine.failed[kind]
+        prior = (g_kept + 1.0) / (g_kept + g_failed + 2.0)
+        kept, failed = record.evidence.kept[kind], record.evidence.failed[kind]
+        return (kept + PRIOR_WEIGHT * prior) / (kept + failed + PRIOR_WEIGHT)
+
+    def trim(self, n_rows: int, candidates: list[Candidate]) -> list[int]:
+        """How many guesses to check for each candidate, in a step that has
+        `n_rows` rows (one expected token each) without guesses."""
+        out = [0] * len(candidates)
+        order = sorted(range(len(candidates)),
+                       key=lambda i: -self.alpha(candidates[i].record, candidates[i].kind))
+        rows, tokens = n_rows, float(n_rows)
+        for i in order:
+            c = candidates[i]
+            k, gain = self._best(rows, tokens, c)
+            if k == 0:
+                c.record.declined += 1
+                if c.record.declined < PROBE_EVERY:
+                    continue
+                k = min(PROBE_GUESSES, len(c.guesses))
+                gain = expected_kept(self.alpha(c.record, c.kind), k)
+            c.record.declined = 0
+            out[i] = k
+            rows += k
+            tokens += gain
+        return out
+
+    def _best(self, rows: int, tokens: float, c: Candidate) -> tuple[int, float]:
+        """The guess count with the best expected step rate, and its
+        expected kept guesses; (0, 0) when no count beats not guessing."""
+        base = self.costs.cost(rows)
+        if base is None:
+            return 0, 0.0
+        alpha = self.alpha(c.record, c.kind)
+        best_k, best_gain, best_rate = 0, 0.0, tokens / base * (1.0 + MIN_GAIN)
+        for k in range(1, min(len(c.guesses), MAX_ROWS - rows) + 1):
+            cost = self.costs.cost(rows + k)
+            gain = expected_kept(alpha, k)
+            if cost and (tokens + gain) / cost > best_rate:
+                best_k, best_gain, best_rate = k, gain, (tokens + gain) / cost
+        return best_k, best_gain
+
+    def record(self, record: SeqSpec, kind: int, drafted: int, kept: int) -> None:
+        """Count a checked proposal for the sequence and the engine."""
+        record.evidence.add(kind, drafted, kept)
+        self.engine.add(kind, drafted, kept, ENGINE_HORIZON)
+
+    def saved_s(self, base_rows: int, rows: int, tokens: int, seconds: float) -> float:
+        """Seconds a speculating step saved: what its `tokens` would cost in
+        plain steps of `base_rows` rows, less what it took."""
+        plain = self.costs.cost(base_rows)
+        if plain is None or base_rows <= 0 or rows == base_rows:
+            return 0.0
+        return tokens / base_rows * plain - seconds
