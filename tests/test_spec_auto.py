@@ -1,0 +1,166 @@
+"""Adaptive speculation (`--spec auto`): the measured step costs, the
+controller's choices from them and from each sequence's evidence, the
+scheduler's budget under auto, and through the real engine: answers equal
+plain decoding's where this machine's kernels are exact, guesses that pay
+are checked, and guesses that don't are declined."""
+
+import pytest
+
+from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig
+from llmctl.runtime.engine.sequence import Sequence, Status
+from llmctl.runtime.llm import LLM, LoadOptions
+from llmctl.runtime.sampling import SamplingParams
+from llmctl.runtime.speculation.adaptive import (
+    PROBE_EVERY,
+    PROBE_GUESSES,
+    Candidate,
+    Controller,
+    SeqSpec,
+    StepCosts,
+    bucket,
+    expected_kept,
+)
+from llmctl.runtime.speculation.config import SpecConfig
+from llmctl.store.resolve import ResolvedModel
+from tests.conftest import smollm2_file
+
+
+def costs(base: float, per_row: float, rows=range(1, 40)) -> StepCosts:
+    c = StepCosts()
+    for r in rows:
+        c.record(r, base + per_row * r)
+    return c
+
+
+def controller(base: float, per_row: float) -> Controller:
+    ctl = Controller()
+    ctl.costs = costs(base, per_row)
+    return ctl
+
+
+def evidence(kind: int, kept: int, failed: int) -> SeqSpec:
+    rec = SeqSpec()
+    rec.evidence.kept[kind], rec.evidence.failed[kind] = kept, failed
+    return rec
+
+
+# ---- step costs ---------------------------------------------------------------------
+
+def test_step_costs_interpolate_and_extrapolate_what_was_measured():
+    c = StepCosts()
+    assert c.cost(4) is None
+    c.record(1, 10.0)
+    assert c.cost(1) == c.cost(9) == 10.0          # one measurement: optimistic
+    c.record(5, 14.0)
+    assert c.cost(3) == pytest.approx(12.0)         # between two measured counts
+    assert c.cost(9) == pytest.approx(18.0)         # past them, along their slope
+    c.record(5, 24.0)                               # a moving average, not the last value
+    assert 14.0 < c.cost(5) < 24.0
+    c.record(0, 1.0)
+    c.record(3, -1.0)                               # nonsense is ignored
+    assert c.cost(3) == pytest.approx((10.0 + c.cost(5)) / 2)
+
+
+def test_expected_kept_is_geometric():
+    assert expected_kept(0.5, 1) == 0.5
+    assert expected_kept(0.5, 3) == pytest.approx(0.5 + 0.25 + 0.125)
+    assert expected_kept(1.0, 4) == 4.0
+    assert [bucket(n) for n in (0, 2, 3, 4, 8, 17, 1000)] == [0, 1, 1, 2, 3, 4, 5]
+
+
+# ---- the controller -----------------------------------------------------------------
+
+def test_guesses_that_hold_are_checked_and_guesses_that_fail_are_not():
+    ctl = controller(base=10.0, per_row=2.0)        # a row costs a fifth of a step
+    sure, unsure = evidence(4, kept=90, failed=2), evidence(1, kept=1, failed=30)
+    keep = ctl.trim(1, [Candidate(sure, list(range(8)), 4), Candidate(unsure, [1, 2, 3], 1)])
+    assert keep[0] >= 6 and keep[1] == 0
+    assert unsure.declined == 1 and sure.declined == 0
+
+
+def test_a_declining_sequence_probes_now_and_then():
+    ctl = controller(base=10.0, per_row=5.0)
+    rec = evidence(1, kept=0, failed=50)
+    got = [ctl.trim(1, [Candidate(rec, [1, 2, 3, 4], 1)])[0] for _ in range(2 * PROBE_EVERY)]
+    assert got.count(PROBE_GUESSES) == 2 and got.count(0) == 2 * PROBE_EVERY - 2
+    assert got[PROBE_EVERY - 1] == PROBE_GUESSES
+
+
+def test_speculation_yields_to_a_full_batch_by_measure():
+    # Rows that cost little next to a step's fixed part pay even in a batch...
+    cheap = controller(base=20.0, per_row=0.5)
+    rec = evidence(3, kept=20, failed=10)
+    assert cheap.trim(16, [Candidate(rec, [1, 2, 3, 4], 3)])[0] > 0
+    # ...but where each row costs as much as a sequence's share of the step,
+    # the same evidence is declined with 16 sequences and taken with one.
+    dear = controller(base=2.0, per_row=2.0)
+    assert dear.trim(16, [Candidate(evidence(3, 20, 10), [1, 2, 3, 4], 3)])[0] == 0
+    assert dear.trim(1, [Candidate(evidence(3, 20, 10), [1, 2, 3, 4], 3)])[0] > 0
+
+
+def test_a_sequence_learns_from_its_own_checks_and_the_engine_from_all():
+    ctl = controller(base=10.0, per_row=3.0)
+    rec = SeqSpec()
+    prior = ctl.alpha(rec, 2)
+    for _ in range(10):
+        ctl.record(rec, 2, drafted=4, kept=4)
+    assert ctl.alpha(rec, 2) > prior and ctl.alpha(SeqSpec(), 2) > prior
+    other = SeqSpec()
+    for _ in range(10):
+        ctl.record(other, 2, drafted=4, kept=0)
+    assert ctl.alpha(other, 2) < ctl.alpha(rec, 2)
+
+
+def test_saved_time_counts_what_plain_steps_would_have_cost():
+    ctl = controller(base=10.0, per_row=2.0)
+    assert ctl.saved_s(1, 5, 5, 20.0) == pytest.approx(5 * 12.0 - 20.0)
+    assert ctl.saved_s(2, 2, 2, 14.0) == 0.0        # no guesses, nothing saved
+
+
+# ---- the scheduler under auto ---------------------------------------------------------
+
+def test_auto_gives_every_decoding_sequence_room():
+    s = Scheduler(SchedulerConfig(32, 512, spec=SpecConfig("auto", 8, 1), tile=1))
+    for _ in range(16):
+        s.add(Sequence(prompt=[1, 2, 3], params=SamplingParams(), max_new=100))
+    for seq in s.admit():
+        seq.n_computed, seq.status = 3, Status.DECODING
+        seq.output.append(4)
+    plan = s.schedule()
+    assert len(plan) == 16 and {w.room for w in plan} == {8} and all(w.decode for w in plan)
+    # The forced mode's fixed rule stops guessing past two sequences.
+    forced = Scheduler(SchedulerConfig(32, 512, spec=SpecConfig("ngram", 8, 1), tile=1))
+    forced.running, forced.slots = s.running, s.slots
+    assert {w.room for w in forced.schedule()} == {0}
+
+
+# ---- through the engine ------------------------------------------------------------
+
+REPEAT = ("Repeat this list exactly, twice: apple, banana, cherry, date, elderberry, fig, "
+          "grape, honeydew, kiwi, lemon, mango.")
+FREE = "Write a short poem about the sea."
+
+
+def load(spec):
+    return LLM(ResolvedModel("smollm2", smollm2_file(), context=1024),
+               LoadOptions(max_num_seqs=2, threads=2, spec=spec, flash_attn=True,
+                           prefix_cache=False))
+
+
+@pytest.mark.slow
+def test_auto_answers_as_plain_decoding_and_checks_where_it_pays(exactness):
+    params = SamplingParams(temperature=0, max_tokens=96)
+    out = {}
+    for spec in (None, "auto"):
+        with load(spec) as llm:
+            out[spec] = [llm.complete(llm.chat_tokens([{"role": "user", "content": p}]), params)
+                         for p in (REPEAT, FREE)]
+            stats = llm.stats()
+    plain, auto = out[None], out["auto"]
+    if exactness(flash_attn=True).exact:
+        assert [c.text for c in auto] == [c.text for c in plain]
+    assert all(c.text and c.finish_reason in ("stop", "length") for c in auto)
+    assert stats.spec_steps > 0 and stats.spec_accepted > 0
+    # It measured: some proposals were declined or some checks kept guesses.
+    assert stats.spec_declined + stats.spec_accepted > 0
+    assert stats.as_dict()["spec_saved_s"] == round(stats.spec_saved_s, 3)
