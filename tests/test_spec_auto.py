@@ -13,6 +13,7 @@ from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.speculation.adaptive import (
     PROBE_EVERY,
     PROBE_GUESSES,
+    TRUSTED,
     Candidate,
     Controller,
     SeqSpec,
@@ -46,7 +47,7 @@ def evidence(kind: int, kept: int, failed: int) -> SeqSpec:
 
 # ---- step costs ---------------------------------------------------------------------
 
-def test_step_costs_interpolate_and_extrapolate_what_was_measured():
+def test_step_costs_fit_a_line_through_what_was_measured():
     c = StepCosts()
     assert c.cost(4) is None
     c.record(1, 10.0)
@@ -54,11 +55,25 @@ def test_step_costs_interpolate_and_extrapolate_what_was_measured():
     c.record(5, 14.0)
     assert c.cost(3) == pytest.approx(12.0)         # between two measured counts
     assert c.cost(9) == pytest.approx(18.0)         # past them, along their slope
-    c.record(5, 24.0)                               # a moving average, not the last value
-    assert 14.0 < c.cost(5) < 24.0
     c.record(0, 1.0)
     c.record(3, -1.0)                               # nonsense is ignored
-    assert c.cost(3) == pytest.approx((10.0 + c.cost(5)) / 2)
+    assert c.cost(3) == pytest.approx(12.0)
+
+
+def test_a_row_count_measured_often_is_taken_as_measured():
+    c = costs(10.0, 1.0, rows=range(1, 9))
+    for _ in range(TRUSTED):
+        c.record(4, 30.0)                           # a kernel that is slow at 4 rows
+    assert c.cost(4) > 25.0 > c.cost(5)
+
+
+def test_one_slow_step_does_not_make_a_row_count_dear():
+    c = StepCosts()
+    for _ in range(3):
+        for r in range(1, 9):
+            c.record(r, 10.0 + r)
+    c.record(7, 100.0)                              # the machine was busy once
+    assert c.cost(7) < 25.0 < 17.0 + 0.2 * (100.0 - 17.0)
 
 
 def test_expected_kept_is_geometric():
@@ -66,6 +81,15 @@ def test_expected_kept_is_geometric():
     assert expected_kept(0.5, 3) == pytest.approx(0.5 + 0.25 + 0.125)
     assert expected_kept(1.0, 4) == 4.0
     assert [bucket(n) for n in (0, 2, 3, 4, 8, 17, 1000)] == [0, 1, 1, 2, 3, 4, 5]
+
+
+def test_a_sequence_history_grows_with_its_tokens():
+    rec = SeqSpec()
+    prompt, output = [5, 6, 7], []
+    assert list(rec.sync(prompt, output)) == [5, 6, 7]
+    output += [8, 9]
+    assert list(rec.sync(prompt, output)) == [5, 6, 7, 8, 9]
+    assert rec.sync(prompt, output) is rec.history
 
 
 # ---- the controller -----------------------------------------------------------------

@@ -5,6 +5,7 @@ for token, and their logprobs agree closely."""
 
 import random
 import threading
+from array import array
 
 import pytest
 from near_tie import assert_same_until_near_tie, top_from_engine
@@ -77,6 +78,7 @@ def test_guesses_match_a_naive_search_on_random_text():
         k = rnd.randrange(0, 6)
         g = ngram_guess(tokens, k)
         assert (g.tokens, g.match if g.tokens else 0) == naive_guess(tokens, k), (tokens, k)
+        assert ngram_guess(array("i", tokens), k) == g     # the engine's running history
 
 
 # ---- the scheduler -----------------------------------------------------------------

@@ -23,7 +23,7 @@ def propose_into(plan: list[Work], proposer: Proposer) -> list[tuple[Work, Guess
     wants: list[Want] = []
     for w in plan:
         if w.room:
-            tokens = w.seq.tokens
+            tokens = _record(w).sync(w.seq.prompt, w.seq.output)
             if proposer.worth(w.seq.slot, tokens, w.seq.max_new - len(w.seq.output)):
                 asks.append(w)
                 wants.append((w.seq.slot, tokens, w.room))

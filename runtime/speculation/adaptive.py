@@ -22,12 +22,15 @@ answer that starts quoting its document) is noticed."""
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 
 # Rows per step whose cost is tracked: guesses beyond it are not checked.
 MAX_ROWS = 128
-# Weight of a new step time in its row count's moving average.
+# Weight of a new step time in its row count's moving average, and how
+# many steps make a row count's average trusted over the fitted line.
 EWMA = 0.2
+TRUSTED = 8
 # How many checks the engine's counts weigh in a sequence's estimate.
 PRIOR_WEIGHT = 8.0
 # A declined proposal every this many is checked anyway (2 guesses).
@@ -56,48 +59,54 @@ def expected_kept(alpha: float, k: int) -> float:
 
 
 class StepCosts:
-    """Measured seconds of decode-only steps by their number of rows. An
-    unmeasured count is interpolated between measured ones; past the
-    widest measured count the cost is extrapolated along the measured
-    slope, and with one measurement it is taken as that one (optimistic,
-    so the first guesses measure what they cost). Raises nothing."""
+    """Measured seconds of decode-only steps by their number of rows.
+
+    Each row count keeps a moving average of its steps. A count measured
+    often enough (TRUSTED steps) is taken as measured; any other is read
+    off a line fitted through all the measured counts, weighted by how
+    often each was measured, so one slow step (this machine is shared)
+    cannot make a count look dear for good. With a single count measured
+    the line is flat: optimistic, so the first guesses measure what they
+    cost. Raises nothing."""
 
     def __init__(self, max_rows: int = MAX_ROWS):
-        self._t: list[float | None] = [None] * (max_rows + 1)
+        self._t = [0.0] * (max_rows + 1)
+        self._n = [0] * (max_rows + 1)
+        self._line: tuple[float, float] | None = None   # (intercept, slope), fitted lazily
 
     def record(self, rows: int, seconds: float) -> None:
         if not 0 < rows < len(self._t) or seconds <= 0:
             return
-        old = self._t[rows]
-        self._t[rows] = seconds if old is None else old + EWMA * (seconds - old)
+        n = self._n[rows]
+        self._t[rows] = seconds if n == 0 else self._t[rows] + EWMA * (seconds - self._t[rows])
+        self._n[rows] = n + 1
+        self._line = None
 
     def cost(self, rows: int) -> float | None:
         """Estimated seconds of a step of `rows` rows; None before any step."""
         rows = max(1, min(rows, len(self._t) - 1))
-        if self._t[rows] is not None:
+        if self._n[rows] >= TRUSTED:
             return self._t[rows]
-        below = next((r for r in range(rows - 1, 0, -1) if self._t[r] is not None), None)
-        above = next((r for r in range(rows + 1, len(self._t)) if self._t[r] is not None), None)
-        if below is None and above is None:
+        line = self._fit()
+        if line is None:
             return None
-        if below is None:
-            assert above is not None
-            return self._t[above]
-        lo = self._t[below]
-        assert lo is not None
-        if above is not None:
-            hi = self._t[above]
-            assert hi is not None
-            return lo + (hi - lo) * (rows - below) / (above - below)
-        return lo + max(0.0, self._slope()) * (rows - below)
+        a, b = line
+        return max(a + b * rows, min(t for t, n in zip(self._t, self._n, strict=True) if n))
 
-    def _slope(self) -> float:
-        """Seconds per row between the narrowest and widest measured counts."""
-        known = [(r, t) for r, t in enumerate(self._t) if t is not None]
-        if len(known) < 2:
-            return 0.0
-        (r0, t0), (r1, t1) = known[0], known[-1]
-        return (t1 - t0) / (r1 - r0)
+    def _fit(self) -> tuple[float, float] | None:
+        if self._line is None:
+            pts = [(r, t, min(n, TRUSTED * 4))
+                   for r, (t, n) in enumerate(zip(self._t, self._n, strict=True)) if n]
+            if not pts:
+                return None
+            w = sum(p[2] for p in pts)
+            mr = sum(r * n for r, _, n in pts) / w
+            mt = sum(t * n for _, t, n in pts) / w
+            var = sum(n * (r - mr) ** 2 for r, _, n in pts)
+            slope = sum(n * (r - mr) * (t - mt) for r, t, n in pts) / var if var else 0.0
+            slope = max(0.0, slope)     # more rows never cost less
+            self._line = (mt - slope * mr, slope)
+        return self._line
 
 
 @dataclass
@@ -119,10 +128,22 @@ class Evidence:
 
 @dataclass
 class SeqSpec:
-    """One sequence's speculation record."""
+    """One sequence's speculation record, and its tokens as a growing
+    array for the proposer to search."""
 
     evidence: Evidence = field(default_factory=Evidence)
     declined: int = 0           # proposals declined since its last check
+    history: array = field(default_factory=lambda: array("i"))
+
+    def sync(self, prompt: list[int], output: list[int]) -> array:
+        """The history, extended by the tokens it lacks (prompt and output
+        only ever grow)."""
+        h, n = self.history, len(prompt)
+        if len(h) < n:
+            h.extend(prompt[len(h):])
+        if len(h) < n + len(output):
+            h.extend(output[len(h) - n:])
+        return h
 
 
 @dataclass

@@ -16,6 +16,7 @@ is wrong, slow or failing only costs speed."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -36,6 +37,8 @@ _VOCAB_SAMPLE = 4096
 # long prompt for (a sequence that becomes one of the last two decoding
 # in a full batch, say): see Drafter.worth.
 CATCH_UP_PER_TOKEN = 8
+# A Want with its tokens copied into a list, as the draft's KV bookkeeping keeps them.
+_Want = tuple[int, list[int], int]
 
 
 def check_compatible(target: LlamaModel, draft: LlamaModel, names: tuple[str, str]) -> None:
@@ -76,16 +79,17 @@ class Drafter:
         self.draft_min = draft_min
         self._have: dict[int, list[int]] = {}   # slot -> tokens in its draft KV
 
-    def worth(self, slot: int, tokens: list[int], remaining: int) -> bool:
+    def worth(self, slot: int, tokens: Sequence[int], remaining: int) -> bool:
         """Whether drafting for this sequence can pay: what the draft must
         first catch up on (its whole prompt, the first time) runs as a
         prefill at several times its decode rate, so it must not exceed
         CATCH_UP_PER_TOKEN tokens per token left to generate."""
-        lacking = len(tokens) - usable_prefix(self._have.get(slot, []), tokens)
+        lacking = len(tokens) - usable_prefix(self._have.get(slot, []), list(tokens))
         return lacking <= CATCH_UP_PER_TOKEN * remaining
 
-    def propose(self, wants: list[Want]) -> list[Guess]:
+    def propose(self, asked: list[Want]) -> list[Guess]:
         """For each (slot, tokens so far, k): up to k guessed next tokens."""
+        wants = [(slot, list(tokens), k) for slot, tokens, k in asked]
         guesses: list[list[int]] = [[] for _ in wants]
         try:
             live = self._catch_up(wants, guesses)
@@ -101,7 +105,7 @@ class Drafter:
             self._have[slot] = tokens + g[:-1]
         return [Guess(g) if len(g) >= self.draft_min else NO_GUESS for g in guesses]
 
-    def _catch_up(self, wants: list[Want], guesses: list[list[int]]) -> list[int]:
+    def _catch_up(self, wants: list[_Want], guesses: list[list[int]]) -> list[int]:
         """Feed each slot what its draft KV lacks (the whole prompt the first
         time), chunked to the batch size; guess once from each last row.
         Returns the items that may guess further."""
@@ -131,7 +135,7 @@ class Drafter:
             todo = left
         return live
 
-    def _extend(self, wants: list[Want], guesses: list[list[int]], live: list[int]) -> list[int]:
+    def _extend(self, wants: list[_Want], guesses: list[list[int]], live: list[int]) -> list[int]:
         """One more guess for each live item: feed its latest guess."""
         items = [(wants[i][0], [guesses[i][-1]], len(wants[i][1]) + len(guesses[i]) - 1, 1)
                  for i in live]

@@ -20,6 +20,7 @@ for token, at any temperature with a fixed seed."""
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 
 from llmctl.runtime.speculation.proposer import NO_GUESS, Guess, Want
 
@@ -33,7 +34,7 @@ LOOKBACK = 4096
 _SIZE = array("i").itemsize
 
 
-def ngram_guess(tokens: list[int], k: int) -> Guess:
+def ngram_guess(tokens: Sequence[int], k: int) -> Guess:
     """Up to `k` tokens that followed the earlier occurrence of the
     sequence's last tokens with the longest match, and that match's
     length; no guess when the last NGRAM_MIN tokens never occurred before.
@@ -42,7 +43,9 @@ def ngram_guess(tokens: list[int], k: int) -> Guess:
         return NO_GUESS
     # Searched as bytes: bytes.rfind and slice compares run in C, a Python
     # scan per step would cost more than the decode it saves on a small model.
-    window = array("i", tokens[-LOOKBACK:])
+    window = tokens[-LOOKBACK:]
+    if not isinstance(window, array):
+        window = array("i", window)
     buf = window.tobytes()
     n = len(window)
     tail = buf[(n - NGRAM_MIN) * _SIZE:]
@@ -83,7 +86,7 @@ class NgramProposer:
     """The Proposer for prompt lookup: pure Python, nothing to free."""
 
     @staticmethod
-    def worth(slot: int, tokens: list[int], remaining: int) -> bool:
+    def worth(slot: int, tokens: Sequence[int], remaining: int) -> bool:
         """Always: a lookup costs nothing worth saving."""
         return True
 

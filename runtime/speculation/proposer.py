@@ -9,11 +9,14 @@ that is wrong, slow or failing only costs speed."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable, Protocol, TypeVar
 
-# (slot, the sequence's tokens so far, most guesses wanted)
-Want = tuple[int, list[int], int]
+# (slot, the sequence's tokens so far, most guesses wanted). The tokens are
+# the engine's running array of them (adaptive.SeqSpec.history): copying a
+# long prompt into a new array every step would cost more than a lookup.
+Want = tuple[int, Sequence[int], int]
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,7 @@ T = TypeVar("T")
 class Proposer(Protocol):
     """Guesses next tokens for many sequences at once."""
 
-    def worth(self, slot: int, tokens: list[int], remaining: int) -> bool:
+    def worth(self, slot: int, tokens: Sequence[int], remaining: int) -> bool:
         """Whether guessing for this sequence, with `remaining` tokens left
         to generate, can pay at all."""
         ...
