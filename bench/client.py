@@ -137,6 +137,33 @@ def sse_chunks(lines: Iterable[str]) -> Iterator[dict]:
             yield json.loads(line[6:])
 
 
+def stream_chat(url: str, model: str, prompt: str, max_tokens: int) -> dict:
+    """One greedy streamed chat request to an OpenAI-compatible server: its
+    text, completion tokens, decode rate (tokens after the first over the
+    time after the first) and llama-server's draft counters when it reports
+    them. Raises httpx.HTTPStatusError for an error status."""
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    text, first, last, usage, timings = [], None, None, None, {}
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=1800) as r:
+        r.raise_for_status()
+        for chunk in sse_chunks(r.iter_lines()):
+            usage = chunk.get("usage") or usage
+            timings = chunk.get("timings") or timings
+            piece = _chunk_text(chunk)
+            if piece:
+                now = time.perf_counter()
+                first = first or now
+                last = now
+                text.append(piece)
+    n = (usage or {}).get("completion_tokens", 0)
+    decode_s = (last - first) if first and last else 0.0
+    return {"text": "".join(text), "tokens": n,
+            "decode_tok_s": (n - 1) / decode_s if decode_s > 0 else None,
+            "drafted": timings.get("draft_n"), "accepted": timings.get("draft_n_accepted")}
+
+
 def _chunk_text(chunk: dict) -> str:
     choices = chunk.get("choices") or []
     if not choices:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from llmctl.bench.client import sse_chunks
+from llmctl.bench.client import stream_chat
 from llmctl.bench.launcher import Server
 from llmctl.store.resolve import resolve_model
 
@@ -74,29 +74,8 @@ CTX_PER_SEQ = 1024
 
 
 def stream(url: str, kind: str, tokens: int, model: str) -> dict:
-    """One greedy streamed chat request: text, tokens, decode rate, and the
-    server's draft counters when it reports them."""
-    body = {"model": model, "messages": [{"role": "user", "content": PROMPTS[kind]}],
-            "max_tokens": tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
-    text, first, last, usage, timings = [], None, None, None, {}
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=1800) as r:
-        r.raise_for_status()
-        for chunk in sse_chunks(r.iter_lines()):
-            usage = chunk.get("usage") or usage
-            timings = chunk.get("timings") or timings
-            for choice in chunk.get("choices", []):
-                piece = (choice.get("delta") or {}).get("content")
-                if piece:
-                    now = time.perf_counter()
-                    first = first or now
-                    last = now
-                    text.append(piece)
-    n = usage["completion_tokens"]
-    decode_s = (last - first) if first and last else 0.0
-    return {"kind": kind, "text": "".join(text), "tokens": n,
-            "decode_tok_s": (n - 1) / decode_s if decode_s > 0 else None,
-            "drafted": timings.get("draft_n"), "accepted": timings.get("draft_n_accepted")}
+    """One greedy streamed chat request of one kind (stream_chat)."""
+    return {"kind": kind, **stream_chat(url, model, PROMPTS[kind], tokens)}
 
 
 def spec_counts(url: str) -> tuple[int, int, int]:

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Adaptive speculation against plain decoding and llama-server's n-gram
+modes, side by side in one run: `llmctl serve --spec off` and `--spec auto`,
+and llama-server with no speculation, `--spec-type ngram-simple` and
+`ngram-mod`, on the same GGUFs, threads and flash-attention setting.
+
+Tasks: bench/spec_tasks.py, thirteen in four kinds (free text, chat Q&A,
+code edit, answer from a given document), greedy. Single stream: decode
+tok/s per task (tokens after the first over the time after the first), and
+each answer compared with plain decoding's. Then llmctl at each
+concurrency level, off against auto: the tasks cycled over that many
+concurrent requests, generated tokens over wall time. Acceptance comes
+from each server's own counters (llmctl's /stats, llama-server's timings).
+
+    .venv/bin/python scripts/bench_spec_auto.py [--models qwen2.5-coder-0.5b,...]
+        [--tokens 192] [--levels 4,16] [--json FILE] [--skip-peers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from llmctl.bench.client import stream_chat
+from llmctl.bench.launcher import Server
+from llmctl.bench.spec_tasks import KINDS, TASKS
+from llmctl.store.resolve import resolve_model
+
+CTX = 2048
+SLOTS = 16
+OURS = {"llmctl off": ["--spec", "off"], "llmctl auto": ["--spec", "auto"]}
+PEERS = {"llama-server none": [], "llama-server ngram-simple": ["--spec-type", "ngram-simple"],
+         "llama-server ngram-mod": ["--spec-type", "ngram-mod"]}
+
+
+def spec_counts(url: str) -> dict:
+    s = httpx.get(url + "/stats", timeout=30).json()
+    return {k: s[k] for k in ("spec_steps", "spec_drafted_tokens", "spec_accepted_tokens",
+                              "spec_declined_guesses")}
+
+
+def single(url: str, model: str, tokens: int, ours: bool) -> dict:
+    stream_chat(url, model, "Say hello.", 8)        # warm-up
+    out = {}
+    for kind, name, prompt in TASKS:
+        before = spec_counts(url) if ours else None
+        r = stream_chat(url, model, prompt, tokens)
+        if before is not None:
+            after = spec_counts(url)
+            delta = {k: after[k] - before[k] for k in after}
+            r["drafted"], r["accepted"] = delta["spec_drafted_tokens"], delta["spec_accepted_tokens"]
+            r["declined"] = delta["spec_declined_guesses"]
+        out[name] = {"kind": kind, **r}
+        print(f"   {name:16} {r['decode_tok_s'] or 0:7.2f} tok/s", file=sys.stderr, flush=True)
+    return out
+
+
+def loaded(url: str, model: str, level: int, tokens: int) -> dict:
+    prompts = [TASKS[i % len(TASKS)][2] for i in range(max(level, len(TASKS)))]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(level) as pool:
+        done = list(pool.map(lambda p: stream_chat(url, model, p, tokens), prompts))
+    wall = time.perf_counter() - start
+    return {"tok_s": sum(d["tokens"] for d in done) / wall, "requests": len(done)}
+
+
+def run_model(args, model: str) -> dict:
+    results: dict[str, dict] = {}
+    for name, flags in OURS.items():
+        print(f"== {model}: {name}", file=sys.stderr, flush=True)
+        argv = [model, "--threads", str(args.threads), "--max-num-seqs", str(SLOTS),
+                "--ctx-size", str(CTX), "--flash-attn", "on", *flags]
+        with Server.llmctl_serve(*argv) as srv:
+            results[name] = {"single": single(srv.url, model, args.tokens, True)}
+            results[name]["loaded"] = {c: loaded(srv.url, model, c, args.tokens)
+                                       for c in args.levels}
+    if args.llama_server is not None:
+        base = [str(args.llama_server), "-m", str(resolve_model(model).path), "-np", "1",
+                "-c", str(CTX), "-t", str(args.threads), "-tb", str(args.threads),
+                "--host", "127.0.0.1", "--no-webui", "--jinja", "-fa", "on"]
+        for name, flags in PEERS.items():
+            print(f"== {model}: {name}", file=sys.stderr, flush=True)
+            with Server([*base, *flags], name="llama-server") as srv:
+                results[name] = {"single": single(srv.url, model, args.tokens, False)}
+    return results
+
+
+def geomean(xs: list[float]) -> float:
+    return statistics.geometric_mean(xs) if xs else float("nan")
+
+
+def report(model: str, results: dict, levels: list[int]) -> None:
+    arms = list(results)
+    off = results["llmctl off"]["single"]
+    auto = results["llmctl auto"]["single"]
+    print(f"\n## {model}: single stream, decode tok/s (acceptance)")
+    print(f"{'task':18}" + "".join(f"{a.replace('llama-server', 'ls'):>22}" for a in arms)
+          + f"{'auto/off':>10}")
+    for _, name, _ in TASKS:
+        cells = "".join(f"{_cell(results[a]['single'][name]):>22}" for a in arms)
+        print(f"{name:18}{cells}{auto[name]['decode_tok_s'] / off[name]['decode_tok_s']:>10.2f}")
+    ratios = {n: auto[n]["decode_tok_s"] / off[n]["decode_tok_s"] for n in auto}
+    print(f"auto/off: min {min(ratios.values()):.2f}, per kind median "
+          + ", ".join(f"{k} {statistics.median(_of(ratios, k)):.2f}" for k in KINDS))
+    same = sum(auto[n]["text"] == off[n]["text"] for n in auto)
+    print(f"auto's answers identical to plain decoding's: {same} of {len(auto)}")
+    peers = [a for a in arms if a.startswith("llama-server")]
+    for kind in KINDS if peers else ():
+        ours = geomean(_of({n: auto[n]["decode_tok_s"] for n in auto}, kind))
+        best = max(peers, key=lambda a: geomean(_of(_rates(results[a]["single"]), kind)))
+        theirs = geomean(_of(_rates(results[best]["single"]), kind))
+        print(f"{kind:9} auto {ours:6.2f} tok/s vs llama-server's best ({best[13:]}) "
+              f"{theirs:6.2f}: x{ours / theirs:.2f}")
+    for c in levels:
+        a, o = results["llmctl auto"]["loaded"][c]["tok_s"], results["llmctl off"]["loaded"][c]["tok_s"]
+        print(f"c={c:<3} off {o:7.2f} tok/s, auto {a:7.2f} tok/s: x{a / o:.2f}")
+
+
+def _rates(single: dict) -> dict:
+    return {n: r["decode_tok_s"] for n, r in single.items()}
+
+
+def _of(values: dict, kind: str) -> list:
+    kinds = {name: k for k, name, _ in TASKS}
+    return [v for n, v in values.items() if kinds[n] == kind]
+
+
+def _cell(r: dict) -> str:
+    acc = f" ({r['accepted'] / r['drafted']:.0%})" if r.get("drafted") else ""
+    return f"{r['decode_tok_s']:.2f}{acc}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="qwen2.5-coder-0.5b,qwen2.5-coder-1.5b")
+    ap.add_argument("--tokens", type=int, default=192)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--levels", default="4,16")
+    ap.add_argument("--llama-server", type=Path, default=Path(
+        os.environ.get("LLAMA_SERVER", "/tmp/llama-server-build/bin/llama-server")))
+    ap.add_argument("--skip-peers", action="store_true")
+    ap.add_argument("--json", type=Path, help="also write the raw results here")
+    args = ap.parse_args()
+    args.levels = [int(x) for x in args.levels.split(",") if x]
+    if args.skip_peers or not args.llama_server.exists():
+        args.llama_server = None
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    everything = {}
+    for model in args.models.split(","):
+        everything[model] = run_model(args, model)
+        if args.json:
+            args.json.write_text(json.dumps(everything, indent=1))
+    for model, results in everything.items():
+        report(model, results, args.levels)
+
+
+if __name__ == "__main__":
+    main()
