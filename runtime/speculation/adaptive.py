@@ -72,7 +72,7 @@ class StepCosts:
     def __init__(self, max_rows: int = MAX_ROWS):
         self._t = [0.0] * (max_rows + 1)
         self._n = [0] * (max_rows + 1)
-        self._line: tuple[float, float] | None = None   # (intercept, slope), fitted lazily
+        self._line: tuple[float, float, float] | None = None    # fitted lazily
 
     def record(self, rows: int, seconds: float) -> None:
         if not 0 < rows < len(self._t) or seconds <= 0:
@@ -90,10 +90,12 @@ class StepCosts:
         line = self._fit()
         if line is None:
             return None
-        a, b = line
-        return max(a + b * rows, min(t for t, n in zip(self._t, self._n, strict=True) if n))
+        a, b, floor = line
+        return max(a + b * rows, floor)
 
-    def _fit(self) -> tuple[float, float] | None:
+    def _fit(self) -> tuple[float, float, float] | None:
+        """(intercept, slope, the cheapest measured step), fitted once per
+        new measurement."""
         if self._line is None:
             pts = [(r, t, min(n, TRUSTED * 4))
                    for r, (t, n) in enumerate(zip(self._t, self._n, strict=True)) if n]
@@ -105,7 +107,7 @@ class StepCosts:
             var = sum(n * (r - mr) ** 2 for r, _, n in pts)
             slope = sum(n * (r - mr) * (t - mt) for r, t, n in pts) / var if var else 0.0
             slope = max(0.0, slope)     # more rows never cost less
-            self._line = (mt - slope * mr, slope)
+            self._line = (mt - slope * mr, slope, min(t for _, t, _ in pts))
         return self._line
 
 
