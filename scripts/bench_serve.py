@@ -4,10 +4,13 @@ against llama.cpp's llama-server and llama-cpp-python's server, same model,
 same threads, same workload.
 
 Workload: prompts of ~130 tokens (unique per request), 128 generated tokens
-with ignore_eos; concurrency 1 (8 requests) and 16 (32 requests). Servers run
-one after another, so each has the whole machine.
+(--output-tokens) with ignore_eos; concurrency 1 (8 requests) and 16 (32
+requests). Servers run one after another, so each has the whole machine.
+`--variant NAME='FLAGS'` adds an llmctl arm with those serve flags (e.g.
+fa='--flash-attn on').
 
     .venv/bin/python scripts/bench_serve.py [--llama-server PATH] [--skip-peers]
+        [--model smollm2] [--output-tokens 128] [--variant NAME='FLAGS' ...]
 
 llama-server is looked for at $LLAMA_SERVER or /tmp/llama-server-build/bin/
 (build it from llama-cpp-python's vendored llama.cpp with the same CPU flags).
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -35,12 +39,15 @@ CTX_PER_SEQ = 512
 READY = http_ok("/health", "/v1/models")
 
 
-def servers(threads: int, llama_server: Path | None, peers: bool,
-            name: str = "smollm2") -> dict[str, Callable[[], Server]]:
+def servers(threads: int, llama_server: Path | None, peers: bool, name: str = "smollm2",
+            variants: tuple[str, ...] = ()) -> dict[str, Callable[[], Server]]:
     """Each server to measure, as a factory: a port is picked at start."""
     model = str(resolve_model(name).path)
-    out = {"llmctl serve": partial(Server.llmctl_serve, name, "--max-num-seqs", "16",
-                                   "--ctx-size", str(CTX_PER_SEQ), "--threads", str(threads))}
+    ours = [name, "--max-num-seqs", "16", "--ctx-size", str(CTX_PER_SEQ), "--threads", str(threads)]
+    out = {"llmctl serve": partial(Server.llmctl_serve, *ours)}
+    for v in variants:
+        label, _, flags = v.partition("=")
+        out[f"llmctl serve {label}"] = partial(Server.llmctl_serve, *ours, *shlex.split(flags))
     if peers and llama_server and llama_server.exists():
         out["llama-server -np 16"] = partial(
             Server, [str(llama_server), "-m", model, "-np", "16", "-c", str(16 * CTX_PER_SEQ),
@@ -72,8 +79,8 @@ def level(run: dict) -> dict:
             "out_tokens_mean": lv["mean_output_tokens"]}
 
 
-def measure(url: str) -> dict:
-    common = dict(url=url + "/v1", input_tokens=130, output_tokens=128, timeout=900)
+def measure(url: str, output_tokens: int = 128) -> dict:
+    common = dict(url=url + "/v1", input_tokens=130, output_tokens=output_tokens, timeout=900)
     c1 = bench(requests=8, concurrency="1", **common)
     c16 = bench(requests=32, concurrency="16", **common)
     return {"c1": level(c1), "c16": level(c16)}
@@ -98,14 +105,17 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--model", default="smollm2",
                     help="Registry name served by every server (e.g. qwen2.5-coder-0.5b).")
+    ap.add_argument("--output-tokens", type=int, default=128)
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME='SERVE FLAGS': one more llmctl arm, e.g. fa='--flash-attn on'.")
     args = ap.parse_args()
     runs: dict[str, list[dict]] = {}
     for i in range(args.rounds):
-        for name, server in servers(args.threads, args.llama_server,
-                                    not args.skip_peers, args.model).items():
+        for name, server in servers(args.threads, args.llama_server, not args.skip_peers,
+                                    args.model, tuple(args.variant)).items():
             print(f"== round {i + 1}: {name}", flush=True)
             with server() as srv:
-                runs.setdefault(name, []).append(measure(srv.url))
+                runs.setdefault(name, []).append(measure(srv.url, args.output_tokens))
             print(json.dumps(runs[name][-1]), flush=True)
     results = {name: median_run(r) for name, r in runs.items()}
     print(f"\nmedians over {args.rounds} rounds")
@@ -115,14 +125,19 @@ def main() -> None:
         print(f"{name:28} {r['c1']['tok_s']:10.1f} {r['c16']['tok_s']:11.1f} "
               f"{r['c16']['ttft_p50']:13.2f}s {r['c16']['ttft_p95']:7.2f}s "
               f"{r['c1']['errors'] + r['c16']['errors']:7.0f}")
-    ours = results["llmctl serve"]
-    for name, r in results.items():
-        if name != "llmctl serve":
-            print(f"llmctl/{name}: c=16 tok/s x{ours['c16']['tok_s'] / r['c16']['tok_s']:.2f}, "
-                  f"c=16 TTFT p50 x{ours['c16']['ttft_p50'] / r['c16']['ttft_p50']:.2f}, "
-                  f"c=16 vs their c=1 x{ours['c16']['tok_s'] / r['c1']['tok_s']:.2f}")
+    for label in [n for n in results if n.startswith("llmctl serve")]:
+        _ratios(label, results)
     if args.json:
         args.json.write_text(json.dumps({"medians": results, "runs": runs}, indent=2))
+
+
+def _ratios(label: str, results: dict) -> None:
+    ours = results[label]
+    for name, r in results.items():
+        if not name.startswith("llmctl serve"):
+            print(f"{label}/{name}: c=16 tok/s x{ours['c16']['tok_s'] / r['c16']['tok_s']:.2f}, "
+                  f"c=16 TTFT p50 x{ours['c16']['ttft_p50'] / r['c16']['ttft_p50']:.2f}, "
+                  f"c=1 tok/s x{ours['c1']['tok_s'] / r['c1']['tok_s']:.2f}")
 
 
 if __name__ == "__main__":
