@@ -87,6 +87,8 @@ AllowedOrigins = Annotated[str, typer.Option(
     "--allowed-origins", envvar="LLMCTL_ALLOWED_ORIGINS",
     help="Comma-separated browser origins allowed besides localhost, e.g. "
          "https://app.example.com,https://*.example.org ('*': any).")]
+NoWebui = Annotated[bool, typer.Option(
+    "--no-webui", envvar="LLMCTL_NO_WEBUI", help="Serve no chat page at / (a 404 there).")]
 FLASH_ATTN = {FlashAttn.auto: None, FlashAttn.on: True, FlashAttn.off: False}
 
 
@@ -150,6 +152,7 @@ def serve(
     metrics_public: MetricsPublic = False,
     pool: Pool,
     allowed_origins: AllowedOrigins = "",
+    no_webui: NoWebui = False,
 ) -> None:
     """Serve models over OpenAI's and Ollama's APIs, loading them on demand.
 
@@ -171,7 +174,8 @@ def serve(
     from llmctl.server.serve import serve as serve_model
 
     settings = pool.settings()
-    policy = http_policy(api_key, allowed_origins, max_body_mb, metrics_public)
+    policy = dataclasses.replace(http_policy(api_key, allowed_origins, max_body_mb, metrics_public),
+                                 webui=not no_webui)
     serve_model(model, host, port, load, policy, settings=settings,
                 on_ready=lambda url: err.print(f"Serving on {url}/v1 (Ctrl-C to stop)"))
 

@@ -117,6 +117,11 @@ class AccessGuard:
         self.app = app
         self.policy = policy
         self.open_paths = {"/health"} | ({"/metrics"} if policy.metrics_public else set())
+        # A browser's navigation sends no key: the chat page and its files
+        # load without one, and the page asks for it (its JSON calls need it).
+        self.page_prefix = "/webui/static/" if policy.webui else None
+        if policy.webui:
+            self.open_paths.add("/")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -131,7 +136,7 @@ class AccessGuard:
 
     def _problem(self, scope: Scope, headers: Headers) -> AuthError | PayloadTooLarge | None:
         key = self.policy.api_key
-        if key and scope["path"] not in self.open_paths:
+        if key and not self._open(scope["path"]):
             header = headers.get("authorization", "")
             token = header[7:].strip() if header[:7].lower() == "bearer " else ""
             # Anthropic's clients send the key as x-api-key instead.
@@ -142,6 +147,9 @@ class AccessGuard:
         if length.isascii() and length.isdigit() and int(length) > self.policy.max_body_bytes:
             return self.too_large()
         return None
+
+    def _open(self, path: str) -> bool:
+        return path in self.open_paths or bool(self.page_prefix and path.startswith(self.page_prefix))
 
     def too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"the request body is over the server's limit of "

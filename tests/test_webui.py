@@ -1,0 +1,282 @@
+"""The chat page at `/`, driven in a real headless chromium as a person
+would, against a real `llmctl serve smollm2` (Qwen2.5-Coder 0.5B loads on
+demand when picked). Screenshots go to docs/images/, and the page's weight
+and time to interactive to docs/images/webui-figures.json (docs/webui.md)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import Select
+
+from conftest import QWEN, ServerProcess, wait_until
+from llmctl.bench.launcher import Server
+from llmctl.runtime.config import LoadOptions
+from llmctl.runtime.pool.model_pool import ModelPool
+from llmctl.server.app import create_app
+from llmctl.server.state import HttpPolicy, ServerState
+from webui_browser import IMAGES, MEASURE, open_page, screenshot, set_theme, start_browser, wait_js
+
+SMOL = "smollm2"
+ARGS = ["--ctx-size", "1024", "--max-num-seqs", "2", "--max-num-batched-tokens", "256"]
+KEY = "webui-test-key"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    driver = start_browser()
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def srv(session_home):
+    server = ServerProcess([SMOL, *ARGS], env={"LLMCTL_HOME": str(session_home)})
+    try:
+        yield server.wait_ready(600)
+    finally:
+        server.stop()
+
+
+def texts(driver, selector: str) -> list[str]:
+    return [e.text for e in driver.find_elements(By.CSS_SELECTOR, selector)]
+
+
+def answers(driver) -> list[str]:
+    return texts(driver, "#messages .msg.assistant .content")
+
+
+def send(driver, text: str) -> None:
+    box = driver.find_element(By.ID, "input")
+    box.send_keys(text)
+    box.send_keys(Keys.ENTER)
+
+
+def wait_answered(driver, n: int) -> None:
+    wait_js(driver, f"return document.querySelectorAll('#messages .msg.assistant').length === {n}"
+            " && document.body.dataset.streaming !== '1'", f"answer {n} to end", timeout=120)
+
+
+def requests_of(srv, model: str) -> dict:
+    return httpx.get(srv.url + "/stats", timeout=30).json()["models"].get(model, {}).get(
+        "requests", {})
+
+
+def set_field(driver, field_id: str, value: str) -> None:
+    driver.find_element(By.CSS_SELECTOR, "#settings summary").click()
+    field = driver.find_element(By.ID, field_id)
+    field.clear()
+    field.send_keys(value)
+    driver.find_element(By.CSS_SELECTOR, "#settings summary").click()
+
+
+def test_page_loads_with_strict_csp_small_and_fast(srv, browser):
+    head = httpx.get(srv.url + "/", timeout=30)
+    csp = head.headers["content-security-policy"]
+    assert head.status_code == 200 and "connect-src 'self'" in csp
+    assert "script-src 'self';" in csp and "unsafe-inline" not in csp and "unsafe-eval" not in csp
+    open_page(browser, srv.url)
+    browser.refresh()       # measured warm, as a person's second visit; nothing is cached
+    open_page(browser, srv.url)
+    figures = browser.execute_script(MEASURE)
+    print("webui figures:", figures)
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    (IMAGES / "webui-figures.json").write_text(json.dumps(figures, indent=1) + "\n")
+    assert figures["files"] == 8 and figures["body_bytes"] > 10_000
+    assert figures["transfer_bytes"] < 150_000
+    assert browser.execute_script("return typeof window.__xss") == "undefined"
+
+
+def test_chat_streams_keeps_and_manages_conversations(srv, browser):
+    open_page(browser, srv.url)
+    Select(browser.find_element(By.ID, "model")).select_by_value(SMOL)
+    wait_js(browser, "return document.getElementById('model-status').dataset.state === 'loaded'",
+            "smollm2 shown loaded")
+    assert "MiB" in browser.find_element(By.ID, "model-status").text
+    set_field(browser, "max-tokens", "48")
+    send(browser, "Write a short story about a cat who learns to fly.")
+    # The answer grows while it streams: several lengths seen before it ends.
+    seen = set()
+    while browser.execute_script("return document.body.dataset.streaming") == "1":
+        seen.add(len((answers(browser) or [""])[-1]))
+        time.sleep(0.05)        # the server shares the cores with this loop
+    assert len(seen) >= 2, seen
+    wait_answered(browser, 1)
+    stats = texts(browser, "#messages .msg.assistant .stats")[-1]
+    assert "tokens" in stats and "tok/s" in stats and "first token" in stats and "cached" in stats
+    send(browser, "Give it a title.")
+    wait_answered(browser, 2)
+    # The second turn repeats the first: its prompt starts with cached tokens.
+    cached = texts(browser, "#messages .msg.assistant .stats")[-1].split(" prompt tokens cached")[0]
+    assert int(cached.rsplit(" ", 1)[-1].split("/")[0]) > 0, cached
+    screenshot(browser, "webui-light.png")
+    set_theme(browser, "dark")
+    screenshot(browser, "webui-dark.png")
+    set_theme(browser, "light")
+    browser.refresh()
+    open_page(browser, srv.url)
+    assert texts(browser, "#conv-list .title") == ["Write a short story about a cat who lear"]
+    assert len(answers(browser)) == 2 and answers(browser)[0]
+    # Rename in place, then a second conversation, then delete the first.
+    browser.find_element(By.CSS_SELECTOR, "#conv-list .conv .rename").click()
+    field = browser.find_element(By.CSS_SELECTOR, "#conv-list .rename-input")
+    field.send_keys(Keys.CONTROL, "a")
+    field.send_keys("Flying cat" + Keys.ENTER)
+    assert texts(browser, "#conv-list .title") == ["Flying cat"]
+    browser.find_element(By.ID, "new-conv").click()
+    assert answers(browser) == []
+    exported = browser.execute_script("return localStorage.getItem('llmctl.conversations')")
+    assert [c["title"] for c in json.loads(exported)] == ["New chat", "Flying cat"]
+    browser.find_element(By.ID, "export").click()       # a download; no error on the page
+    browser.find_element(By.CSS_SELECTOR, "#conv-list .conv:nth-child(2) .delete").click()
+    assert texts(browser, "#conv-list .title") == ["New chat"]
+
+
+def test_stop_cancels_the_generation_on_the_server(srv, browser):
+    open_page(browser, srv.url)
+    browser.find_element(By.ID, "new-conv").click()
+    set_field(browser, "max-tokens", "900")
+    before = requests_of(srv, SMOL).get("cancelled", 0)
+    send(browser, "Count from 1 to 400, one number per line.")
+    wait_js(browser, "const c = document.querySelectorAll('#messages .msg.assistant .content');"
+            " return c.length && c[c.length - 1].textContent.length > 20", "the answer to start")
+    browser.find_element(By.ID, "input").send_keys(Keys.ESCAPE)
+    wait_answered(browser, 1)
+    assert "stopped" in texts(browser, "#messages .msg.assistant .stats")[-1]
+    wait_until(lambda: requests_of(srv, SMOL).get("cancelled", 0) > before,
+               "the server to count the request cancelled", timeout=60)
+    set_field(browser, "max-tokens", "512")
+
+
+def test_server_errors_are_shown_as_the_server_wrote_them(srv, browser):
+    open_page(browser, srv.url)
+    browser.find_element(By.ID, "new-conv").click()
+    set_field(browser, "max-tokens", "0")
+    send(browser, "Hi")
+    wait_answered(browser, 1)
+    error = texts(browser, "#messages .msg.assistant .error")[-1]
+    assert error.startswith("Error 400: ") and "max_tokens" in error, error
+    set_field(browser, "max-tokens", "512")
+
+
+XSS = ('<img src=x onerror="window.__xss=1"> <script>window.__xss=2</script> '
+       '[link](javascript:window.__xss=3)')
+
+
+def test_model_markup_runs_nothing_and_code_stays_visible(srv, browser):
+    open_page(browser, srv.url)
+    browser.find_element(By.ID, "new-conv").click()
+    # The real path first: the model asked to repeat the payload.
+    send(browser, "Repeat exactly: " + XSS)
+    wait_answered(browser, 1)
+    # Then an answer that surely carries it, with reasoning and a tool call,
+    # as stored: the same renderer draws stored and streamed answers.
+    answer = {"role": "assistant", "model": SMOL, "reasoning": "Thinking <b>hard</b>",
+              "content": XSS + "\n\n```html\n<script>window.__xss=4</script>\n```\n",
+              "toolCalls": [{"id": "call_1", "type": "function",
+                             "function": {"name": "get_weather", "arguments": '{"city": "<i>"}'}}]}
+    conv = {"id": "xss", "title": "markup", "created": 0,
+            "messages": [{"role": "user", "content": XSS}, answer]}
+    browser.execute_script("localStorage.setItem('llmctl.conversations', arguments[0]);"
+                           "localStorage.setItem('llmctl.current', 'xss');", json.dumps([conv]))
+    browser.refresh()
+    open_page(browser, srv.url)
+    assert browser.execute_script("return typeof window.__xss") == "undefined"
+    box = browser.find_element(By.ID, "messages")
+    assert not box.find_elements(By.CSS_SELECTOR, "img, script, b, i, a[href^='javascript']")
+    assert "<img src=x onerror=" in answers(browser)[-1]
+    code = box.find_element(By.CSS_SELECTOR, ".msg.assistant .code pre")
+    assert code.is_displayed() and code.text == "<script>window.__xss=4</script>"
+    reasoning = box.find_element(By.CSS_SELECTOR, ".msg.assistant details.reasoning")
+    assert reasoning.is_displayed() and reasoning.get_attribute("open") is None
+    tool = box.find_element(By.CSS_SELECTOR, ".msg.assistant .tool-call")
+    assert "get_weather" in tool.text and '"<i>"' in tool.text
+    screenshot(browser, "webui-markup.png")
+    assert browser.execute_script("return typeof window.__xss") == "undefined"
+
+
+@pytest.mark.slow
+def test_switching_to_an_unloaded_model_shows_it_loading(srv, browser):
+    open_page(browser, srv.url)
+    browser.find_element(By.ID, "new-conv").click()
+    browser.execute_script("""
+        window.__states = [];
+        new MutationObserver(() => window.__states.push(
+            document.getElementById('model-status').dataset.state))
+          .observe(document.getElementById('model-status'), {attributes: true});""")
+    Select(browser.find_element(By.ID, "model")).select_by_value(QWEN)
+    wait_js(browser, "return document.getElementById('model-status').dataset.state === 'loaded'",
+            "qwen to load", timeout=300)
+    assert "loading" in browser.execute_script("return window.__states")
+    loaded = [m["name"] for m in httpx.get(srv.url + "/api/ps", timeout=30).json()["models"]]
+    assert QWEN in loaded
+    ok = requests_of(srv, QWEN).get("ok", 0)
+    send(browser, "Say hello.")
+    wait_answered(browser, 1)
+    assert texts(browser, "#messages .msg.assistant .who")[-1] == QWEN
+    assert requests_of(srv, QWEN).get("ok", 0) == ok + 1
+    Select(browser.find_element(By.ID, "model")).select_by_value(SMOL)
+
+
+def test_api_key_is_asked_once_and_a_lost_server_is_shown(session_home, browser):
+    server = ServerProcess([SMOL, *ARGS, "--api-key", KEY], env={"LLMCTL_HOME": str(session_home)})
+    try:
+        server.wait_ready(600)
+        browser.get(server.url + "/")
+        wait_js(browser, "return document.getElementById('key-dialog').open", "the key prompt")
+        browser.find_element(By.ID, "key-input").send_keys("wrong" + Keys.ENTER)
+        wait_js(browser, "return document.getElementById('key-dialog').open"
+                " && !document.getElementById('key-error').hidden", "the refusal")
+        assert "invalid or missing API key" in browser.find_element(By.ID, "key-error").text
+        field = browser.find_element(By.ID, "key-input")
+        field.clear()
+        field.send_keys(KEY + Keys.ENTER)
+        wait_js(browser, "return document.body.dataset.ready === '1'", "the page with the key")
+        browser.refresh()       # kept in the browser: not asked again
+        open_page(browser, server.url)
+        assert not browser.execute_script("return document.getElementById('key-dialog').open")
+        send(browser, "Hi")
+        wait_answered(browser, 1)
+        assert answers(browser)[-1] and not texts(browser, "#messages .msg.assistant .error")[-1]
+    finally:
+        server.stop()
+    send(browser, "Are you there?")
+    wait_answered(browser, 2)
+    assert "connection lost" in texts(browser, "#messages .msg.assistant .error")[-1]
+
+
+def _app(**policy) -> TestClient:
+    pool = ModelPool(LoadOptions(), memory_budget=1 << 30)
+    return TestClient(create_app(ServerState(pool, default=SMOL, policy=HttpPolicy(**policy))))
+
+
+def test_page_is_public_and_the_api_still_guarded():
+    http = _app(api_key=KEY)
+    for path in ("/", "/webui/static/app.js", "/webui/static/style.css"):
+        answer = http.get(path)
+        assert answer.status_code == 200 and "connect-src 'self'" in answer.headers[
+            "content-security-policy"]
+    assert http.get("/webui/static/..%2Froutes.py").status_code == 404
+    assert http.get("/webui/static/missing.js").status_code == 404
+    for path in ("/webui/models", "/v1/models"):
+        assert http.get(path).status_code == 401
+    assert http.post("/webui/load", json={"model": SMOL}).status_code == 401
+    foreign = {"Origin": "https://evil.example"}
+    assert http.get("/", headers=foreign).status_code == 403
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert http.post("/webui/load", json={}, headers=auth).json()["error"]["param"] == "model"
+
+
+def test_no_webui_turns_the_page_off(session_home):
+    assert _app(webui=False, api_key=KEY).get("/").status_code == 401    # no open page
+    assert _app(webui=False).get("/").status_code == 404
+    env = {"LLMCTL_HOME": str(session_home), "LLMCTL_NO_WEBUI": "1"}     # --no-webui's variable
+    with Server.llmctl_serve(env=env) as off:
+        assert httpx.get(off.url + "/", timeout=30).status_code == 404
+        assert httpx.get(off.url + "/health", timeout=30).status_code == 200
