@@ -26,6 +26,10 @@ from webui_browser import IMAGES, MEASURE, open_page, screenshot, set_theme, sta
 SMOL = "smollm2"
 ARGS = ["--ctx-size", "1024", "--max-num-seqs", "2", "--max-num-batched-tokens", "256"]
 KEY = "webui-test-key"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +94,10 @@ def test_page_loads_with_strict_csp_small_and_fast(srv, browser):
     (IMAGES / "webui-figures.json").write_text(json.dumps(figures, indent=1) + "\n")
     assert figures["files"] == 8 and figures["body_bytes"] > 10_000
     assert figures["transfer_bytes"] < 150_000
+    # Offline: nothing but this server is asked for anything.
+    hosts = browser.execute_script("return performance.getEntriesByType('resource')"
+                                   ".map((r) => new URL(r.name).origin)")
+    assert hosts and set(hosts) == {srv.url}
     assert browser.execute_script("return typeof window.__xss") == "undefined"
 
 
@@ -162,6 +170,17 @@ def test_server_errors_are_shown_as_the_server_wrote_them(srv, browser):
     wait_answered(browser, 1)
     error = texts(browser, "#messages .msg.assistant .error")[-1]
     assert error.startswith("Error 400: ") and "max_tokens" in error, error
+    # The JSON switch: the answer is held to a JSON object.
+    set_field(browser, "max-tokens", "64")
+    browser.find_element(By.CSS_SELECTOR, "#settings summary").click()
+    browser.find_element(By.ID, "json").click()
+    browser.find_element(By.CSS_SELECTOR, "#settings summary").click()
+    send(browser, "Describe a cat as JSON with a name and an age.")
+    wait_answered(browser, 2)
+    assert answers(browser)[-1].lstrip().startswith("{"), answers(browser)[-1]
+    browser.find_element(By.CSS_SELECTOR, "#settings summary").click()
+    browser.find_element(By.ID, "json").click()
+    browser.find_element(By.CSS_SELECTOR, "#settings summary").click()
     set_field(browser, "max-tokens", "512")
 
 
@@ -173,8 +192,10 @@ def test_model_markup_runs_nothing_and_code_stays_visible(srv, browser):
     open_page(browser, srv.url)
     browser.find_element(By.ID, "new-conv").click()
     # The real path first: the model asked to repeat the payload.
+    set_field(browser, "max-tokens", "48")
     send(browser, "Repeat exactly: " + XSS)
     wait_answered(browser, 1)
+    set_field(browser, "max-tokens", "512")
     # Then an answer that surely carries it, with reasoning and a tool call,
     # as stored: the same renderer draws stored and streamed answers.
     answer = {"role": "assistant", "model": SMOL, "reasoning": "Thinking <b>hard</b>",
@@ -221,6 +242,17 @@ def test_switching_to_an_unloaded_model_shows_it_loading(srv, browser):
     wait_answered(browser, 1)
     assert texts(browser, "#messages .msg.assistant .who")[-1] == QWEN
     assert requests_of(srv, QWEN).get("ok", 0) == ok + 1
+    # A request that carries tools: the model's call is drawn as a block.
+    set_field(browser, "tools", json.dumps([WEATHER]))
+    set_field(browser, "temperature", "0")
+    browser.find_element(By.ID, "new-conv").click()
+    send(browser, "What's the weather in Paris?")
+    wait_answered(browser, 1)
+    block = browser.find_elements(By.CSS_SELECTOR, "#messages .msg.assistant .tool-call")
+    assert block, browser.find_element(By.ID, "messages").text
+    assert "get_weather" in block[-1].text and "Paris" in block[-1].text
+    set_field(browser, "tools", "")
+    set_field(browser, "temperature", "0.7")
     Select(browser.find_element(By.ID, "model")).select_by_value(SMOL)
 
 
