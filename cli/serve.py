@@ -176,8 +176,11 @@ def serve(
     settings = pool.settings()
     policy = dataclasses.replace(http_policy(api_key, allowed_origins, max_body_mb, metrics_public),
                                  webui=not no_webui)
-    serve_model(model, host, port, load, policy, settings=settings,
-                on_ready=lambda url: err.print(f"Serving on {url}/v1 (Ctrl-C to stop)"))
+    def ready(url: str) -> None:
+        page = "" if no_webui else f", chat page at {url}/"
+        err.print(f"Serving on {url}/v1{page} (Ctrl-C to stop)")
+
+    serve_model(model, host, port, load, policy, settings=settings, on_ready=ready)
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
