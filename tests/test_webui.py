@@ -188,6 +188,10 @@ XSS = ('<img src=x onerror="window.__xss=1"> <script>window.__xss=2</script> '
        '[link](javascript:window.__xss=3)')
 
 
+MARKDOWN = ("\n# Heading\n\n- one\n- two\n\n1. first\n\n**bold**, *em*, `code` and "
+            "[a link](https://example.com)\n\n> quoted\n")
+
+
 def test_model_markup_runs_nothing_and_code_stays_visible(srv, browser):
     open_page(browser, srv.url)
     browser.find_element(By.ID, "new-conv").click()
@@ -199,7 +203,7 @@ def test_model_markup_runs_nothing_and_code_stays_visible(srv, browser):
     # Then an answer that surely carries it, with reasoning and a tool call,
     # as stored: the same renderer draws stored and streamed answers.
     answer = {"role": "assistant", "model": SMOL, "reasoning": "Thinking <b>hard</b>",
-              "content": XSS + "\n\n```html\n<script>window.__xss=4</script>\n```\n",
+              "content": XSS + "\n\n```html\n<script>window.__xss=4</script>\n```\n" + MARKDOWN,
               "toolCalls": [{"id": "call_1", "type": "function",
                              "function": {"name": "get_weather", "arguments": '{"city": "<i>"}'}}]}
     conv = {"id": "xss", "title": "markup", "created": 0,
@@ -218,11 +222,24 @@ def test_model_markup_runs_nothing_and_code_stays_visible(srv, browser):
     assert reasoning.is_displayed() and reasoning.get_attribute("open") is None
     tool = box.find_element(By.CSS_SELECTOR, ".msg.assistant .tool-call")
     assert "get_weather" in tool.text and '"<i>"' in tool.text
+    drawn = browser.execute_script(
+        "const m = document.querySelector('#messages .msg.assistant .content');"
+        "return ['h3', 'ul li', 'ol li', 'strong', 'em', 'p code', 'blockquote']"
+        ".map((s) => m.querySelectorAll(s).length)"
+        ".concat([m.querySelector('a').href, m.querySelector('a').rel])")
+    assert drawn == [1, 2, 1, 1, 1, 1, 1, "https://example.com/", "noopener noreferrer"]
     screenshot(browser, "webui-markup.png")
+    # The code block's Copy button puts the code, as text, on the clipboard.
+    browser.execute_cdp_cmd("Browser.grantPermissions", {
+        "origin": srv.url, "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"]})
+    box.find_element(By.CSS_SELECTOR, ".msg.assistant .code .copy").click()
+    wait_js(browser, "return document.querySelector('.msg.assistant .code .copy').textContent"
+            " === 'Copied'", "the copy to be done")
+    copied = browser.execute_async_script("navigator.clipboard.readText().then(arguments[0])")
+    assert copied == "<script>window.__xss=4</script>"
     assert browser.execute_script("return typeof window.__xss") == "undefined"
 
 
-@pytest.mark.slow
 def test_switching_to_an_unloaded_model_shows_it_loading(srv, browser):
     open_page(browser, srv.url)
     browser.find_element(By.ID, "new-conv").click()
