@@ -11,9 +11,6 @@ import time
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from selenium.webdriver.common.by import By
-from selenium.webdriver.common.keys import Keys
-from selenium.webdriver.support.ui import Select
 
 from conftest import QWEN, ServerProcess, wait_until
 from llmctl.bench.launcher import Server
@@ -21,7 +18,18 @@ from llmctl.runtime.config import LoadOptions
 from llmctl.runtime.pool.model_pool import ModelPool
 from llmctl.server.app import create_app
 from llmctl.server.state import HttpPolicy, ServerState
-from webui_browser import IMAGES, MEASURE, open_page, screenshot, set_theme, start_browser, wait_js
+from webui_browser import (
+    IMAGES,
+    MEASURE,
+    By,
+    Keys,
+    Select,
+    open_page,
+    screenshot,
+    set_theme,
+    start_browser,
+    wait_js,
+)
 
 SMOL = "smollm2"
 ARGS = ["--ctx-size", "1024", "--max-num-seqs", "2", "--max-num-batched-tokens", "256"]

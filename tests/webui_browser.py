@@ -11,6 +11,13 @@ from pathlib import Path
 
 import pytest
 
+try:        # in the test extra; without it the browser tests skip (chrome_paths)
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import Select
+except ImportError:
+    By = Keys = Select = None
+
 REPO = Path(__file__).resolve().parent.parent
 IMAGES = REPO / "docs" / "images"
 
@@ -68,7 +75,7 @@ def set_theme(driver, scheme: str) -> None:
 def screenshot(driver, name: str) -> Path:
     """A PNG of the viewport in docs/images/, for the docs and the README.
     Raises what PIL raises for an image it cannot read."""
-    from PIL import Image      # matplotlib's dependency, in the test extra
+    from PIL import Image  # matplotlib's dependency, in the test extra
 
     IMAGES.mkdir(parents=True, exist_ok=True)
     path = IMAGES / name
