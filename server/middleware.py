@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from llmctl.errors import AuthError, Forbidden, PayloadTooLarge
 from llmctl.server.errors import error_response
 from llmctl.server.state import HttpPolicy
+from llmctl.server.webui import PAGE_PATH, STATIC_PREFIX
 
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
@@ -104,8 +105,9 @@ class AccessGuard:
     """The API key and the body cap.
 
     With policy.api_key set, every route but /health (and /metrics when
-    policy.metrics_public) needs `Authorization: Bearer KEY` or `x-api-key:
-    KEY`, else 401.
+    policy.metrics_public, and the chat page's `/` and /webui/static/* when
+    policy.webui) needs `Authorization: Bearer KEY` or `x-api-key: KEY`,
+    else 401.
     A body over policy.max_body_bytes is a 413: at once when Content-Length
     says so, else as soon as the streamed chunks pass the cap. The guard
     then answers the 413 itself and tells the app the client is gone
@@ -119,9 +121,9 @@ class AccessGuard:
         self.open_paths = {"/health"} | ({"/metrics"} if policy.metrics_public else set())
         # A browser's navigation sends no key: the chat page and its files
         # load without one, and the page asks for it (its JSON calls need it).
-        self.page_prefix = "/webui/static/" if policy.webui else None
+        self.page_prefix = STATIC_PREFIX if policy.webui else None
         if policy.webui:
-            self.open_paths.add("/")
+            self.open_paths.add(PAGE_PATH)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -21,13 +21,13 @@ from llmctl.errors import InvalidParams, LlmctlError
 from llmctl.server.body import json_body
 from llmctl.server.fields import typed_field
 from llmctl.server.state import ServerState, state_of
+from llmctl.server.webui import PAGE_PATH, STATIC_PREFIX
 from llmctl.server.workers import run_on
 from llmctl.store.index import StoreIndex
 from llmctl.store.parts import part_path
 from llmctl.store.registry import RegistryModel, load_registry
 
 STATIC = Path(__file__).resolve().parent / "static"
-STATIC_PREFIX = "/webui/static/"
 # Scripts and styles only from files of this server (no inline code, no
 # other host), fetches only to it, nothing framed or posted elsewhere.
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
@@ -56,7 +56,7 @@ def _page_response(name: str) -> Response:
         "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache"})
 
 
-@router.get("/", include_in_schema=False)
+@router.get(PAGE_PATH, include_in_schema=False)
 async def page():
     """GET /: the chat page."""
     return _page_response("index.html")
