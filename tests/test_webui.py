@@ -177,7 +177,10 @@ def test_server_errors_are_shown_as_the_server_wrote_them(srv, browser):
     send(browser, "Hi")
     wait_answered(browser, 1)
     error = texts(browser, "#messages .msg.assistant .error")[-1]
-    assert error.startswith("Error 400: ") and "max_tokens" in error, error
+    direct = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+        "model": SMOL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 0})
+    assert direct.status_code == 400 and "max_tokens" in error
+    assert error == "Error 400: " + direct.json()["error"]["message"]
     # The JSON switch: the answer is held to a JSON object.
     set_field(browser, "max-tokens", "64")
     browser.find_element(By.CSS_SELECTOR, "#settings summary").click()
