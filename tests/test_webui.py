@@ -109,14 +109,24 @@ def test_page_loads_with_strict_csp_small_and_fast(srv, browser):
     assert browser.execute_script("return typeof window.__xss") == "undefined"
 
 
-def test_chat_streams_keeps_and_manages_conversations(srv, browser):
+def _json_or_none(path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):       # still being written
+        return None
+
+
+STORY = "Write a short story about a cat who learns to fly."
+
+
+def test_chat_streams_keeps_and_manages_conversations(srv, browser, tmp_path):
     open_page(browser, srv.url)
     Select(browser.find_element(By.ID, "model")).select_by_value(SMOL)
     wait_js(browser, "return document.getElementById('model-status').dataset.state === 'loaded'",
             "smollm2 shown loaded")
     assert "MiB" in browser.find_element(By.ID, "model-status").text
     set_field(browser, "max-tokens", "48")
-    send(browser, "Write a short story about a cat who learns to fly.")
+    send(browser, STORY)
     # The answer grows while it streams: several lengths seen before it ends.
     seen = set()
     while browser.execute_script("return document.body.dataset.streaming") == "1":
@@ -147,9 +157,14 @@ def test_chat_streams_keeps_and_manages_conversations(srv, browser):
     assert texts(browser, "#conv-list .title") == ["Flying cat"]
     browser.find_element(By.ID, "new-conv").click()
     assert answers(browser) == []
-    exported = browser.execute_script("return localStorage.getItem('llmctl.conversations')")
-    assert [c["title"] for c in json.loads(exported)] == ["New chat", "Flying cat"]
-    browser.find_element(By.ID, "export").click()       # a download; no error on the page
+    browser.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow",
+                                                            "downloadPath": str(tmp_path)})
+    browser.find_element(By.ID, "export").click()
+    exported = wait_until(lambda: list(tmp_path.glob("llmctl-conversations*.json")),
+                          "the export to be downloaded", timeout=30)
+    saved = wait_until(lambda: _json_or_none(exported[0]), "the export to be written", timeout=30)
+    assert [c["title"] for c in saved] == ["New chat", "Flying cat"]
+    assert saved[1]["messages"][0] == {"role": "user", "content": STORY}
     browser.find_element(By.CSS_SELECTOR, "#conv-list .conv:nth-child(2) .delete").click()
     assert texts(browser, "#conv-list .title") == ["New chat"]
 
