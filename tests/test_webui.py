@@ -21,6 +21,7 @@ from llmctl.server.state import HttpPolicy, ServerState
 from webui_browser import (
     IMAGES,
     MEASURE,
+    ActionChains,
     By,
     Keys,
     Select,
@@ -188,6 +189,13 @@ def test_stop_cancels_the_generation_on_the_server(srv, browser):
 def test_server_errors_are_shown_as_the_server_wrote_them(srv, browser):
     open_page(browser, srv.url)
     browser.find_element(By.ID, "new-conv").click()
+    # Shift+Enter is a new line, not a send.
+    box = browser.find_element(By.ID, "input")
+    box.send_keys("one")
+    ActionChains(browser).key_down(Keys.SHIFT).send_keys(Keys.ENTER).key_up(Keys.SHIFT).perform()
+    box.send_keys("two")
+    assert box.get_attribute("value") == "one\ntwo" and not answers(browser)
+    box.clear()
     set_field(browser, "max-tokens", "0")
     send(browser, "Hi")
     wait_answered(browser, 1)

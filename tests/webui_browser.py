@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 try:        # in the test extra; without it the browser tests skip (chrome_paths)
+    from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import Select
 except ImportError:
-    By = Keys = Select = None
+    ActionChains = By = Keys = Select = None
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGES = REPO / "docs" / "images"
