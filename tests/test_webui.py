@@ -204,18 +204,39 @@ def test_server_errors_are_shown_as_the_server_wrote_them(srv, browser):
         "model": SMOL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 0})
     assert direct.status_code == 400 and "max_tokens" in error
     assert error == "Error 400: " + direct.json()["error"]["message"]
-    # The JSON switch: the answer is held to a JSON object.
+    # The settings reach the request, and the JSON switch holds the answer
+    # to a JSON object.
+    browser.execute_script("""
+        window.__sent = [];
+        const real = window.fetch;
+        window.fetch = (url, init) => {
+          if (init && init.body) window.__sent.push(JSON.parse(init.body));
+          return real(url, init);
+        };""")
     set_field(browser, "max-tokens", "64")
-    browser.find_element(By.CSS_SELECTOR, "#settings summary").click()
-    browser.find_element(By.ID, "json").click()
-    browser.find_element(By.CSS_SELECTOR, "#settings summary").click()
+    set_field(browser, "temperature", "0.2")
+    set_field(browser, "system", "You describe animals.")
+    toggle_json(browser)
     send(browser, "Describe a cat as JSON with a name and an age.")
     wait_answered(browser, 2)
     assert answers(browser)[-1].lstrip().startswith("{"), answers(browser)[-1]
+    sent = browser.execute_script("return window.__sent")[-1]
+    assert sent["max_tokens"] == 64 and sent["temperature"] == 0.2 and sent["stream"] is True
+    assert sent["response_format"] == {"type": "json_object"}
+    assert sent["messages"][0] == {"role": "system", "content": "You describe animals."}
+    assert sent["messages"][-1]["content"] == "Describe a cat as JSON with a name and an age."
+    toggle_json(browser)
+    set_field(browser, "system", "")
+    set_field(browser, "temperature", "0.7")
+    set_field(browser, "max-tokens", "512")
+    kept = json.loads(browser.execute_script("return localStorage.getItem('llmctl.settings')"))
+    assert kept["system"] == "" and kept["json"] is False and kept["maxTokens"] == "512"
+
+
+def toggle_json(browser) -> None:
     browser.find_element(By.CSS_SELECTOR, "#settings summary").click()
     browser.find_element(By.ID, "json").click()
     browser.find_element(By.CSS_SELECTOR, "#settings summary").click()
-    set_field(browser, "max-tokens", "512")
 
 
 XSS = ('<img src=x onerror="window.__xss=1"> <script>window.__xss=2</script> '

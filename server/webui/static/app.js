@@ -211,10 +211,12 @@ function bindSettings() {
   const fields = { system: "system", temperature: "temperature", "max-tokens": "maxTokens" };
   for (const [id, key] of Object.entries(fields)) {
     $(id).value = settings[key];
-    $(id).addEventListener("input", () => {
-      settings[key] = $(id).value;
-      store.saveSettings(settings);
-    });
+    for (const kind of ["input", "change"]) {     // typed, or cleared and left
+      $(id).addEventListener(kind, () => {
+        settings[key] = $(id).value;
+        store.saveSettings(settings);
+      });
+    }
   }
   $("json").checked = settings.json;
   $("json").addEventListener("change", () => {
@@ -222,10 +224,12 @@ function bindSettings() {
     store.saveSettings(settings);
   });
   $("tools").value = settings.tools;
-  $("tools").addEventListener("input", () => {
-    settings.tools = $("tools").value;
-    store.saveSettings(settings);
-  });
+  for (const kind of ["input", "change"]) {
+    $("tools").addEventListener(kind, () => {
+      settings.tools = $("tools").value;
+      store.saveSettings(settings);
+    });
+  }
 }
 
 function bindControls() {
