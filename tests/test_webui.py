@@ -251,7 +251,7 @@ def test_model_markup_runs_nothing_and_code_stays_visible(srv, browser):
     open_page(browser, srv.url)
     browser.find_element(By.ID, "new-conv").click()
     # The real path first: the model asked to repeat the payload.
-    set_field(browser, "max-tokens", "48")
+    set_field(browser, "max-tokens", "32")
     send(browser, "Repeat exactly: " + XSS)
     wait_answered(browser, 1)
     set_field(browser, "max-tokens", "512")
@@ -283,6 +283,7 @@ def test_model_markup_runs_nothing_and_code_stays_visible(srv, browser):
         ".map((s) => m.querySelectorAll(s).length)"
         ".concat([m.querySelector('a').href, m.querySelector('a').rel])")
     assert drawn == [1, 2, 1, 1, 1, 1, 1, "https://example.com/", "noopener noreferrer"]
+    browser.execute_script("document.querySelector('#messages .msg.assistant').scrollIntoView()")
     screenshot(browser, "webui-markup.png")
     # The code block's Copy button puts the code, as text, on the clipboard.
     browser.execute_cdp_cmd("Browser.grantPermissions", {
