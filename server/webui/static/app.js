@@ -144,6 +144,8 @@ async function send() {
   $("input").value = "";
   showConversation();
   const node = $("messages").lastElementChild;
+  const picked = models.find((m) => m.name === settings.model);
+  if (picked && !picked.loaded) setStatus("loading " + picked.name + "…", "loading");
   const controller = new AbortController();
   running = controller;
   setRunning(true);
@@ -261,6 +263,8 @@ function bindControls() {
     store.setApiKey("");
     askKey("");
   });
+  // Esc in the key prompt would leave a page that can do nothing: it stays.
+  $("key-dialog").addEventListener("cancel", (ev) => ev.preventDefault());
   $("key-form").addEventListener("submit", async (ev) => {
     ev.preventDefault();
     store.setApiKey($("key-input").value.trim());
