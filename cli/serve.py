@@ -157,7 +157,8 @@ def serve(
     """Serve models over OpenAI's and Ollama's APIs, loading them on demand.
 
     Models load on their first request (`model` names any model in the store or
-    models.toml); MODEL, when given, is loaded at start.
+    models.toml); MODEL, when given, is loaded at start. A chat page is served
+    at / (docs/webui.md) unless --no-webui.
 
     Example: llmctl serve smollm2 --port 8000 --max-num-seqs 16
     """

@@ -36,7 +36,7 @@ function showModels() {
   if (!m) setStatus("no model", "error");
   else if (m.loaded) setStatus("loaded, " + mib(m.bytes), "loaded");
   else if (m.loading) setStatus("loading " + m.name + "…", "loading");
-  else setStatus("not loaded: it loads when picked", "idle");
+  else setStatus("not loaded: it loads on the first message", "idle");
 }
 
 async function refreshModels() {
