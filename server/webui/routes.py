@@ -9,6 +9,7 @@ load to ask for the key. The JSON routes need the key like any other."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 from functools import lru_cache
 from pathlib import Path
@@ -39,34 +40,38 @@ router = APIRouter()
 
 
 @lru_cache(maxsize=None)
-def _files() -> dict[str, tuple[bytes, str]]:
-    """The page's files by name, read once: only these names are served,
-    so no path a request writes reaches the file system."""
-    return {p.name: (p.read_bytes(), _TYPES[p.suffix]) for p in STATIC.iterdir()
-            if p.suffix in _TYPES}
+def _files() -> dict[str, tuple[bytes, str, str]]:
+    """The page's files by name, with their type and ETag, read once: only
+    these names are served, so no path a request writes reaches the file
+    system."""
+    return {p.name: (body, _TYPES[p.suffix], '"' + hashlib.sha256(body).hexdigest()[:32] + '"')
+            for p in STATIC.iterdir() if p.suffix in _TYPES for body in [p.read_bytes()]}
 
 
-def _page_response(name: str) -> Response:
+def _page_response(request: Request, name: str) -> Response:
     found = _files().get(name)
     if found is None:
         raise HTTPException(404, f"the chat page has no file {name!r}")
-    body, media_type = found
-    return Response(body, media_type=media_type, headers={
-        "Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
-        "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache"})
+    body, media_type, etag = found
+    # no-cache: the browser asks each time, and a file it has is a bodiless 304.
+    headers = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
+               "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache", "ETag": etag}
+    if etag in request.headers.get("if-none-match", ""):
+        return Response(status_code=304, headers=headers)
+    return Response(body, media_type=media_type, headers=headers)
 
 
 @router.get(PAGE_PATH, include_in_schema=False)
-async def page():
+async def page(request: Request):
     """GET /: the chat page."""
-    return _page_response("index.html")
+    return _page_response(request, "index.html")
 
 
 @router.get(STATIC_PREFIX + "{name}", include_in_schema=False)
-async def static(name: str):
+async def static(request: Request, name: str):
     """GET /webui/static/NAME: one of the page's files. Raises HTTPException
     (404) for any other name."""
-    return _page_response(name)
+    return _page_response(request, name)
 
 
 def _available(spec: RegistryModel) -> bool:
