@@ -145,8 +145,12 @@ def test_chat_streams_keeps_and_manages_conversations(srv, browser, tmp_path):
     # The second turn repeats the first: its prompt starts with cached tokens.
     cached = texts(browser, "#messages .msg.assistant .stats")[-1].split(" prompt tokens cached")[0]
     assert int(cached.rsplit(" ", 1)[-1].split("/")[0]) > 0, cached
+    background = "return getComputedStyle(document.body).backgroundColor"
+    set_theme(browser, "light")
+    light = browser.execute_script(background)
     screenshot(browser, "webui-light.png")
     set_theme(browser, "dark")
+    assert browser.execute_script(background) != light == "rgb(255, 255, 255)"
     screenshot(browser, "webui-dark.png")
     set_theme(browser, "light")
     browser.refresh()
@@ -181,6 +185,8 @@ def test_stop_cancels_the_generation_on_the_server(srv, browser):
     send(browser, "Count from 1 to 400, one number per line.")
     wait_js(browser, "const c = document.querySelectorAll('#messages .msg.assistant .content');"
             " return c.length && c[c.length - 1].textContent.length > 20", "the answer to start")
+    assert browser.find_element(By.ID, "stop").is_displayed()
+    assert not browser.find_element(By.ID, "send").is_displayed()
     browser.find_element(By.ID, "input").send_keys(Keys.ESCAPE)
     wait_answered(browser, 1)
     assert "stopped" in texts(browser, "#messages .msg.assistant .stats")[-1]
