@@ -87,6 +87,8 @@ AllowedOrigins = Annotated[str, typer.Option(
     "--allowed-origins", envvar="LLMCTL_ALLOWED_ORIGINS",
     help="Comma-separated browser origins allowed besides localhost, e.g. "
          "https://app.example.com,https://*.example.org ('*': any).")]
+NoWebui = Annotated[bool, typer.Option(
+    "--no-webui", envvar="LLMCTL_NO_WEBUI", help="Serve no chat page at / (a 404 there).")]
 FLASH_ATTN = {FlashAttn.auto: None, FlashAttn.on: True, FlashAttn.off: False}
 
 
@@ -150,11 +152,13 @@ def serve(
     metrics_public: MetricsPublic = False,
     pool: Pool,
     allowed_origins: AllowedOrigins = "",
+    no_webui: NoWebui = False,
 ) -> None:
     """Serve models over OpenAI's and Ollama's APIs, loading them on demand.
 
     Models load on their first request (`model` names any model in the store or
-    models.toml); MODEL, when given, is loaded at start.
+    models.toml); MODEL, when given, is loaded at start. A chat page is served
+    at / (docs/webui.md) unless --no-webui.
 
     Example: llmctl serve smollm2 --port 8000 --max-num-seqs 16
     """
@@ -171,9 +175,13 @@ def serve(
     from llmctl.server.serve import serve as serve_model
 
     settings = pool.settings()
-    policy = http_policy(api_key, allowed_origins, max_body_mb, metrics_public)
-    serve_model(model, host, port, load, policy, settings=settings,
-                on_ready=lambda url: err.print(f"Serving on {url}/v1 (Ctrl-C to stop)"))
+    policy = dataclasses.replace(http_policy(api_key, allowed_origins, max_body_mb, metrics_public),
+                                 webui=not no_webui)
+    def ready(url: str) -> None:
+        page = "" if no_webui else f", chat page at {url}/"
+        err.print(f"Serving on {url}/v1{page} (Ctrl-C to stop)")
+
+    serve_model(model, host, port, load, policy, settings=settings, on_ready=ready)
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,

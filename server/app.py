@@ -1,7 +1,8 @@
 """The FastAPI application: error mapping, access control and the routes.
 Handlers live in info_routes.py and one folder per protocol: openai/
 (chat and text completions, embeddings), responses/ (OpenAI's Responses),
-anthropic/ (Anthropic's Messages) and ollama/ (Ollama's /api/*). Every
+anthropic/ (Anthropic's Messages), ollama/ (Ollama's /api/*) and webui/
+(the chat page at /, unless --no-webui). Every
 protocol generates through generation.py; the generation is the runtime's."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from llmctl.server.ollama import routes as ollama
 from llmctl.server.openai import completions, embeddings
 from llmctl.server.responses import routes as responses
 from llmctl.server.state import ServerState
+from llmctl.server.webui import routes as webui
 
 
 def create_app(state: ServerState, bind_host: str | None = None) -> FastAPI:
@@ -41,4 +43,6 @@ def create_app(state: ServerState, bind_host: str | None = None) -> FastAPI:
     app.include_router(ollama.router)
     app.include_router(responses.router)
     app.include_router(anthropic.router)
+    if state.policy.webui:
+        app.include_router(webui.router)
     return app

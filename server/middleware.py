@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from llmctl.errors import AuthError, Forbidden, PayloadTooLarge
 from llmctl.server.errors import error_response
 from llmctl.server.state import HttpPolicy
+from llmctl.server.webui import PAGE_PATH, STATIC_PREFIX
 
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
@@ -104,8 +105,9 @@ class AccessGuard:
     """The API key and the body cap.
 
     With policy.api_key set, every route but /health (and /metrics when
-    policy.metrics_public) needs `Authorization: Bearer KEY` or `x-api-key:
-    KEY`, else 401.
+    policy.metrics_public, and the chat page's `/` and /webui/static/* when
+    policy.webui) needs `Authorization: Bearer KEY` or `x-api-key: KEY`,
+    else 401.
     A body over policy.max_body_bytes is a 413: at once when Content-Length
     says so, else as soon as the streamed chunks pass the cap. The guard
     then answers the 413 itself and tells the app the client is gone
@@ -117,6 +119,11 @@ class AccessGuard:
         self.app = app
         self.policy = policy
         self.open_paths = {"/health"} | ({"/metrics"} if policy.metrics_public else set())
+        # A browser's navigation sends no key: the chat page and its files
+        # load without one, and the page asks for it (its JSON calls need it).
+        self.page_prefix = STATIC_PREFIX if policy.webui else None
+        if policy.webui:
+            self.open_paths.add(PAGE_PATH)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -131,7 +138,7 @@ class AccessGuard:
 
     def _problem(self, scope: Scope, headers: Headers) -> AuthError | PayloadTooLarge | None:
         key = self.policy.api_key
-        if key and scope["path"] not in self.open_paths:
+        if key and not self._open(scope["path"]):
             header = headers.get("authorization", "")
             token = header[7:].strip() if header[:7].lower() == "bearer " else ""
             # Anthropic's clients send the key as x-api-key instead.
@@ -142,6 +149,9 @@ class AccessGuard:
         if length.isascii() and length.isdigit() and int(length) > self.policy.max_body_bytes:
             return self.too_large()
         return None
+
+    def _open(self, path: str) -> bool:
+        return path in self.open_paths or bool(self.page_prefix and path.startswith(self.page_prefix))
 
     def too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"the request body is over the server's limit of "

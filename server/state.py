@@ -36,6 +36,7 @@ class HttpPolicy:
     metrics_public: bool = False        # /metrics without the key, for Prometheus
     allowed_origins: tuple[str, ...] = ()   # browser origins beyond localhost
     max_body_bytes: int = 8 << 20
+    webui: bool = True                  # the chat page at / (--no-webui: off, a 404)
 
 
 @dataclass
