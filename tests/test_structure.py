@@ -97,3 +97,19 @@ def test_the_package_links_name_every_folder():
     for folder in PACKAGES[1:]:
         link = ROOT / "llmctl" / folder
         assert link.is_symlink() and link.resolve() == ROOT / folder, folder
+
+
+def test_the_wheel_lists_every_subpackage():
+    """An editable install finds every folder; a built wheel ships only the
+    packages pyproject.toml names, so a folder missing there is missing for
+    every user who installs the wheel."""
+    import tomllib
+
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(tool["packages"])
+    for folder in PACKAGES[1:]:
+        for init in sorted((ROOT / folder).rglob("__init__.py")):
+            rel_dir = init.parent.relative_to(ROOT)
+            name = "llmctl." + ".".join(rel_dir.parts)
+            assert name in listed, f"{name} is not in pyproject.toml's packages"
+            assert tool["package-dir"][name] == str(rel_dir), name
