@@ -1,7 +1,8 @@
 """The chat page at `/`, driven in a real headless chromium as a person
 would, against a real `llmctl serve smollm2` (Qwen2.5-Coder 0.5B loads on
-demand when picked). Screenshots go to docs/images/, and the page's weight
-and time to interactive to docs/images/webui-figures.json (docs/webui.md)."""
+demand when picked). Screenshots, and the page's weight and time to
+interactive (webui-figures.json), go to docs/images/ with
+LLMCTL_DOCS_IMAGES=1, else to a temporary folder (docs/webui.md)."""
 
 from __future__ import annotations
 

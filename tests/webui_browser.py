@@ -5,7 +5,9 @@ as root; elsewhere the tests skip, saying why)."""
 from __future__ import annotations
 
 import io
+import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,7 +22,10 @@ except ImportError:
     ActionChains = By = Keys = Select = None
 
 REPO = Path(__file__).resolve().parent.parent
-IMAGES = REPO / "docs" / "images"
+# Screenshots and figures refresh docs/images/ only when asked
+# (LLMCTL_DOCS_IMAGES=1), so that a test run leaves the checkout as it was.
+IMAGES = (REPO / "docs" / "images" if os.environ.get("LLMCTL_DOCS_IMAGES")
+          else Path(tempfile.gettempdir()) / "llmctl-webui-images")
 
 
 def chrome_paths() -> tuple[str, str]:
