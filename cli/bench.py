@@ -16,7 +16,7 @@ EPILOG = """Examples:
 
   llmctl bench smollm2 --workload decode-heavy --scale 0.25 --concurrency 1,4,16
 
-  llmctl bench --url http://localhost:8080/v1 --requests 32 --slo-ttft 1.0 --json a.json --plot a.png
+  llmctl bench --url http://localhost:8080/v1 --slo-ttft 1.0 --json a.json
 
   llmctl bench --compare a.json b.json
 """
@@ -77,8 +77,11 @@ def bench(
         "--compare", show_default=False, metavar="A.json B.json",
         help="Print two --json runs side by side with B/A ratios; runs nothing.")] = None,
 ) -> None:
-    """Measure throughput and latency the way the LLM Almanac does: serial,
-    all-at-once, and a concurrency sweep between."""
+    """Measure throughput and latency the way the LLM Almanac does.
+
+    Three phases: serial requests, all at once, and a concurrency sweep
+    between them.
+    """
     from llmctl.bench import api
 
     if compare and compare[0] is not None:

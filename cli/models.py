@@ -75,7 +75,9 @@ def rm(
     model: Annotated[str, typer.Argument(help="Name of a model in the store.")],
     json: o.Json = False,
 ) -> None:
-    """Remove a model from the store (its file too, if the store downloaded it).
+    """Remove a model from the store, and the file it downloaded.
+
+    A file the store did not download (a path you added) is kept.
 
     Example: llmctl rm qwen2.5-0.5b
     """

@@ -86,7 +86,9 @@ def quantize(
                                         help="Overwrite an existing output file.")] = False,
     json: o.Json = False,
 ) -> None:
-    """Quantize a model to GGUF (Q4_K_M, Q8_0 or any llama.cpp type) and register it.
+    """Quantize a model to a GGUF file and register it.
+
+    Q4_K_M, Q8_0 or any type this llama.cpp build writes.
 
     Example: llmctl quantize ./SmolLM2-135M-Instruct --bits 4 --check
     """
