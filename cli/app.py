@@ -91,7 +91,8 @@ app = typer.Typer(
     help="Run open-weight LLMs on your own machine: pull, quantize, chat and serve.\n\n"
          "Example: llmctl run smollm2 \"Name three primary colours.\"",
     no_args_is_help=True,
-    add_completion=False,
+    # --install-completion and --show-completion, for bash, zsh and fish.
+    add_completion=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )

@@ -11,6 +11,7 @@ from typing_extensions import Annotated
 
 from llmctl.cli import options as o
 from llmctl.cli.common import err, handle_errors, out
+from llmctl.cli.complete import model_names
 
 EPILOG = """Examples:
 
@@ -70,7 +71,8 @@ class Sweep:
 def bench(
     model: Annotated[Optional[str], typer.Argument(
         help="Model to serve with `llmctl serve` for the run (default: the default "
-             "model). With --url: the model name to request.", show_default=False)] = None,
+             "model). With --url: the model name to request.", show_default=False,
+        autocompletion=model_names)] = None,
     *,
     sweep: Sweep,
     compare: Annotated[Optional[Tuple[str, str]], typer.Option(

@@ -8,6 +8,7 @@ from typing_extensions import Annotated
 
 from llmctl.cli import options as o
 from llmctl.cli.common import handle_errors, human_bytes, out, print_json
+from llmctl.cli.complete import model_names
 from llmctl.store.manage import list_models, remove_model, show_model
 
 
@@ -72,7 +73,8 @@ def show(
 
 @handle_errors
 def rm(
-    model: Annotated[str, typer.Argument(help="Name of a model in the store.")],
+    model: Annotated[str, typer.Argument(help="Name of a model in the store.",
+                                         autocompletion=model_names)],
     json: o.Json = False,
 ) -> None:
     """Remove a model from the store, and the file it downloaded.
