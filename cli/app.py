@@ -36,6 +36,7 @@ COMMANDS = {
     "bench": ("bench", "Measure throughput and latency the way the LLM Almanac does."),
     "eval": ("evaluate", "Measure model quality."),
     "cache": ("cache", "Show or clear the on-disk prompt-prefix KV cache."),
+    "config": ("settings", "Show the settings in effect and where each comes from."),
 }
 
 
@@ -106,6 +107,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def root(
+    ctx: typer.Context,
     debug: bool = typer.Option(False, "--debug", envvar="LLMCTL_DEBUG",
                                help="Show tracebacks for errors."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
@@ -113,9 +115,15 @@ def root(
 ) -> None:
     # Imported here, where a command is about to run: common imports rich,
     # which `--version` and `--help` (eager, they exit before this) skip.
-    from llmctl.cli.common import State
+    from llmctl.cli.common import State, fail
+    from llmctl.cli.settings import apply_config
+    from llmctl.config_file import ConfigError
 
     State.debug = debug
+    try:
+        apply_config(ctx)
+    except ConfigError as e:
+        fail(e.message, e.exit_code)
 
 
 def main() -> None:
