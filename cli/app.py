@@ -13,7 +13,7 @@ import importlib
 from typing import Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from llmctl import __version__
 
@@ -24,22 +24,32 @@ COMMANDS = {
     "run": ("run", "Answer one prompt and exit."),
     "list": ("models", "List models in the store, and registry names you can pull."),
     "show": ("models", "Show a model's metadata and the memory it needs at a context size."),
-    "rm": ("models", "Remove a model from the store (its file too, if the store downloaded it)."),
+    "rm": ("models", "Remove a model from the store, and the file it downloaded."),
     "info": ("info", "Show the backend build, threads, memory and GPUs."),
     "pull": ("pull", "Download a model from the Hugging Face Hub into the local store."),
-    "quantize": ("quantize",
-                 "Quantize a model to GGUF (Q4_K_M, Q8_0 or any llama.cpp type) and register it."),
-    "serve": ("serve", "Serve models over OpenAI's and Ollama's APIs, loading them on demand."),
+    "quantize": ("quantize", "Quantize a model to a GGUF file and register it."),
+    "serve": ("serve", "Serve models over OpenAI's, Anthropic's and Ollama's APIs."),
     "cluster": ("cluster", "Serve a model from replicas on a Ray cluster."),
     "launch": ("launch", "Run Claude Code, Codex or any OpenAI client on a local model."),
-    "ps": ("remote", "Show the models a running server has loaded: memory, context, slots\n"
-                     "in use, idle time and when each unloads."),
-    "stop": ("remote", "Unload a model from a running server (requests on it finish first)."),
-    "bench": ("bench", "Measure throughput and latency the way the LLM Almanac does: serial,\n"
-                       "all-at-once, and a concurrency sweep between."),
+    "ps": ("remote", "Show the models a running server has loaded."),
+    "stop": ("remote", "Unload a model from a running server."),
+    "bench": ("bench", "Measure throughput and latency the way the LLM Almanac does."),
     "eval": ("evaluate", "Measure model quality."),
     "cache": ("cache", "Show or clear the on-disk prompt-prefix KV cache."),
+    "config": ("settings", "Show the settings in effect and where each comes from."),
 }
+
+
+_display_type_rich = TyperOption.display_type_rich
+
+
+def _flag_type(self: TyperOption, ctx: Any) -> str | None:
+    # Typer's rich help puts `<bool>` beside every flag, as if it took a
+    # value; a flag shows no type, like click's plain help.
+    return None if self.is_flag else _display_type_rich(self, ctx)
+
+
+TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
 
 
 class _Pending(TyperCommand):
@@ -79,9 +89,11 @@ class LazyGroup(TyperGroup):
 app = typer.Typer(
     name="llmctl",
     cls=LazyGroup,
-    help="Run open-weight LLMs on your own machine: pull, quantize, chat and serve.",
+    help="Run open-weight LLMs on your own machine: pull, quantize, chat and serve.\n\n"
+         "Example: llmctl run smollm2 \"Name three primary colours.\"",
     no_args_is_help=True,
-    add_completion=False,
+    # --install-completion and --show-completion, for bash, zsh and fish.
+    add_completion=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -95,6 +107,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def root(
+    ctx: typer.Context,
     debug: bool = typer.Option(False, "--debug", envvar="LLMCTL_DEBUG",
                                help="Show tracebacks for errors."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
@@ -102,9 +115,15 @@ def root(
 ) -> None:
     # Imported here, where a command is about to run: common imports rich,
     # which `--version` and `--help` (eager, they exit before this) skip.
-    from llmctl.cli.common import State
+    from llmctl.cli.common import State, fail
+    from llmctl.cli.settings import apply_config
+    from llmctl.config_file import ConfigError
 
     State.debug = debug
+    try:
+        apply_config(ctx)
+    except ConfigError as e:
+        fail(e.message, e.exit_code)
 
 
 def main() -> None:

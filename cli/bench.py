@@ -11,12 +11,13 @@ from typing_extensions import Annotated
 
 from llmctl.cli import options as o
 from llmctl.cli.common import err, handle_errors, out
+from llmctl.cli.complete import model_names
 
 EPILOG = """Examples:
 
   llmctl bench smollm2 --workload decode-heavy --scale 0.25 --concurrency 1,4,16
 
-  llmctl bench --url http://localhost:8080/v1 --requests 32 --slo-ttft 1.0 --json a.json --plot a.png
+  llmctl bench --url http://localhost:8080/v1 --slo-ttft 1.0 --json a.json
 
   llmctl bench --compare a.json b.json
 """
@@ -70,15 +71,19 @@ class Sweep:
 def bench(
     model: Annotated[Optional[str], typer.Argument(
         help="Model to serve with `llmctl serve` for the run (default: the default "
-             "model). With --url: the model name to request.", show_default=False)] = None,
+             "model). With --url: the model name to request.", show_default=False,
+        autocompletion=model_names)] = None,
     *,
     sweep: Sweep,
     compare: Annotated[Optional[Tuple[str, str]], typer.Option(
         "--compare", show_default=False, metavar="A.json B.json",
         help="Print two --json runs side by side with B/A ratios; runs nothing.")] = None,
 ) -> None:
-    """Measure throughput and latency the way the LLM Almanac does: serial,
-    all-at-once, and a concurrency sweep between."""
+    """Measure throughput and latency the way the LLM Almanac does.
+
+    Three phases: serial requests, all at once, and a concurrency sweep
+    between them.
+    """
     from llmctl.bench import api
 
     if compare and compare[0] is not None:

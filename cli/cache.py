@@ -20,8 +20,9 @@ def _root():
 
 @handle_errors
 def ls(json: o.Json = False) -> None:
-    """List saved prompt-prefix KV states: entries, tokens and bytes per model
-    and setting.
+    """List saved prompt-prefix KV states by model and setting.
+
+    For each: its entries, tokens and bytes.
 
     Example: llmctl cache ls --json
     """
@@ -60,7 +61,8 @@ def clear(
 
 
 def register(app: typer.Typer) -> None:
-    cache_app = typer.Typer(help="Show or clear the on-disk prompt-prefix KV cache.",
+    cache_app = typer.Typer(help="Show or clear the on-disk prompt-prefix KV cache.\n\n"
+                                 "Example: llmctl cache ls",
                             no_args_is_help=True)
     cache_app.command("ls")(ls)
     cache_app.command("clear")(clear)

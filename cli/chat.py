@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 import typer
 
 from llmctl.cli import options as o
-from llmctl.cli.common import err, handle_errors, out, write_out
+from llmctl.cli.common import err, handle_errors, note_base_model, out, write_out
+from llmctl.errors import UsageError
 
 if TYPE_CHECKING:
     from llmctl.runtime.chat_session import ChatSession, TurnStats
@@ -111,7 +112,11 @@ def chat(gen: o.Generation, model: o.ModelArg = None, *, decoding: o.Decoding) -
     from llmctl.runtime.llm import LLM
 
     params = gen.sampling()
+    note_base_model(model)
     with LLM.load(model, gen.load(**decoding.load_fields())) as llm:
+        refusal = getattr(llm.template, "refusal", None)
+        if refusal:
+            raise UsageError(refusal)
         session = ChatSession(llm, params, system=gen.system)
         if sys.stdin.isatty():
             _interactive(session)

@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     from llmctl.cluster.replica import ReplicaSpec
     from llmctl.server.middleware import HttpPolicy
 
-group = typer.Typer(help="Serve a model from replicas on a Ray cluster.", no_args_is_help=True)
+group = typer.Typer(help="Serve a model from replicas on a Ray cluster.\n\n"
+                         "Example: llmctl cluster serve qwen2.5-coder-0.5b --replicas 2",
+                    no_args_is_help=True)
 
 
 class Router(str, Enum):
@@ -113,7 +115,7 @@ def serve(
     router: RouterOpt = Router.affinity,
     policy=None,    # with_policy passes an HttpPolicy
 ) -> None:
-    """Serve a model from N llmctl replicas on Ray Serve, behind one ingress.
+    """Serve a model from N replicas on Ray Serve, behind one ingress.
 
     The ingress speaks OpenAI's API (/v1/chat/completions, /v1/completions,
     /v1/models), aggregates /metrics over the replicas and reports each one's

@@ -62,6 +62,24 @@ def handle_errors(fn: Callable) -> Callable:
     return wrapper
 
 
+def note_base_model(model: str | None) -> None:
+    """One line on stderr when models.toml calls `model` (None: the default)
+    a base model, which continues text rather than answering. Raises
+    nothing: a registry problem surfaces when the model is resolved."""
+    from llmctl.store.registry import load_registry
+    from llmctl.store.resolve import default_model_name
+
+    try:
+        name = model or default_model_name()
+        spec = load_registry().get(name)
+    except LlmctlError:
+        return
+    if spec is not None and spec.kind == "base":
+        err.print(f"note: {name} is a base model, not tuned to chat, so its answers may not "
+                  "follow the prompt; `llmctl run --raw` continues a text as it is",
+                  markup=False, soft_wrap=True)
+
+
 def write_out(text: str) -> None:
     """Write answer text to stdout as it streams: unstyled, flushed at once."""
     sys.stdout.write(text)

@@ -12,7 +12,8 @@ from llmctl.cli import options as o
 from llmctl.cli.common import handle_errors, out, print_json
 from llmctl.cli.quantize import phase_progress
 
-eval_app = typer.Typer(name="eval", help="Measure model quality.", no_args_is_help=True)
+eval_app = typer.Typer(name="eval", no_args_is_help=True,
+                       help="Measure model quality.\n\nExample: llmctl eval perplexity smollm2")
 
 
 @eval_app.command("perplexity")
@@ -27,7 +28,7 @@ def perplexity(
     threads: o.Threads = None,
     json: o.Json = False,
 ) -> None:
-    """Perplexity of MODEL on a text, measured the way llama-perplexity does.
+    """Measure MODEL's perplexity on a text as llama-perplexity does.
 
     The text is cut into windows of --ctx tokens, each scored on its second
     half, so figures compare directly with llama.cpp's.

@@ -18,6 +18,7 @@ from typing_extensions import Annotated
 
 from llmctl.cli import options as o
 from llmctl.cli.common import err, handle_errors, print_json
+from llmctl.cli.complete import model_names
 from llmctl.cli.launch_agents import (
     AGENTS,
     PLACEHOLDER_KEY,
@@ -232,7 +233,8 @@ def launch(
         help=f"One of: {', '.join(AGENTS)}.", metavar="AGENT", show_default=False)],
     model: Annotated[Optional[str], typer.Argument(
         help="The model to serve (as for serve; default: smollm2), or the one "
-             "to use at --url (default: the first it serves).", metavar="MODEL", show_default=False)] = None,
+             "to use at --url (default: the first it serves).", metavar="MODEL", show_default=False,
+        autocompletion=model_names)] = None,
     *,
     url: Url = "",
     api_key: ApiKey = "",

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 from rich.table import Table
 from typing_extensions import Annotated
 
 from llmctl.cli import options as o
 from llmctl.cli.common import handle_errors, human_bytes, out, print_json
+from llmctl.cli.complete import model_names
 from llmctl.store.manage import list_models, remove_model, show_model
+
+if TYPE_CHECKING:
+    from llmctl.runtime.formats.template_source import TemplateSource
 
 
 def human_count(n: int) -> str:
@@ -40,6 +46,22 @@ def list_cmd(json: o.Json = False) -> None:
         out.print(avail)
 
 
+def template_source(name: str, path: str) -> TemplateSource:
+    """The chat template `name` at `path` gets when loaded, read from its
+    GGUF header as LLM does from the loaded model. Raises BadModelFile for a
+    file that is not a GGUF, UsageError for a malformed models.toml."""
+    from llmctl.runtime.formats.template_source import choose_template
+    from llmctl.store.gguf_header import read_header
+    from llmctl.store.registry import load_registry
+
+    header = read_header(path, keep_arrays=("tokenizer.ggml.tokens",))
+    vocab = set(header.metadata.get("tokenizer.ggml.tokens") or ())
+    spec = load_registry().get(name)
+    return choose_template(override=spec.template if spec else None,
+                           gguf=header.metadata.get("tokenizer.chat_template"),
+                           architecture=header.architecture, has_token=vocab.__contains__)
+
+
 @handle_errors
 def show(
     model: o.ModelArg = None,
@@ -52,6 +74,7 @@ def show(
     Example: llmctl show smollm2 --ctx-size 8192 --kv-type q8_0
     """
     data = show_model(model, ctx_size, kv_type.value)
+    data["chat_template"] = template_source(data["name"], data["path"]).describe()
     if json:
         print_json(data)
         return
@@ -72,10 +95,13 @@ def show(
 
 @handle_errors
 def rm(
-    model: Annotated[str, typer.Argument(help="Name of a model in the store.")],
+    model: Annotated[str, typer.Argument(help="Name of a model in the store.",
+                                         autocompletion=model_names)],
     json: o.Json = False,
 ) -> None:
-    """Remove a model from the store (its file too, if the store downloaded it).
+    """Remove a model from the store, and the file it downloaded.
+
+    A file the store did not download (a path you added) is kept.
 
     Example: llmctl rm qwen2.5-0.5b
     """

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 import typer
 from typing_extensions import Annotated
 
+from llmctl.cli.complete import model_names
 from llmctl.kv_types import KV_TYPES
 from llmctl.runtime.speculation.config import DRAFT_MAX, DRAFT_MIN, P_MIN
 
@@ -31,7 +32,7 @@ T = TypeVar("T", bound=type)
 
 ModelArg = Annotated[Optional[str], typer.Argument(
     help="models.toml name, store name, or path to a .gguf file (default: smollm2).",
-    envvar="LLMCTL_MODEL", show_default=False)]
+    envvar="LLMCTL_MODEL", show_default=False, autocompletion=model_names)]
 Temperature = Annotated[float, typer.Option(
     "--temperature", min=0.0, envvar="LLMCTL_TEMPERATURE", help="0 = greedy.")]
 TopP = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, envvar="LLMCTL_TOP_P")]
@@ -206,7 +207,8 @@ SpecOpt = Annotated[Spec, typer.Option(
 DraftOpt = Annotated[Optional[str], typer.Option(
     "--draft", envvar="LLMCTL_DRAFT", metavar="MODEL",
     help="Draft model for speculation (turns --spec draft on): a registry name, store name or "
-         "GGUF path with the same tokenizer, e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b.")]
+         "GGUF path with the same tokenizer, e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b.",
+    autocompletion=model_names)]
 DraftPMin = Annotated[float, typer.Option(
     "--draft-p-min", min=0.0, max=1.0, envvar="LLMCTL_DRAFT_P_MIN",
     help="A draft model stops guessing where its top token's probability is below this.")]

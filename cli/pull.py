@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from llmctl.cli.common import err, handle_errors, human_bytes, print_json
+from llmctl.cli.complete import model_names
 
 HELP = """Download a model from the Hugging Face Hub into the local store.
 
@@ -29,7 +30,8 @@ def register(app: typer.Typer) -> None:
     @app.command("pull", help=HELP)
     @handle_errors
     def pull_cmd(
-        model: str = typer.Argument(..., help="models.toml name or ORG/REPO[:QUANT]."),
+        model: str = typer.Argument(..., help="models.toml name or ORG/REPO[:QUANT].",
+                                    autocompletion=model_names),
         revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit."),
         include: Optional[List[str]] = typer.Option(
             None, "--include", help="Glob of files to fetch instead of the automatic choice "

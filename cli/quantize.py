@@ -12,6 +12,7 @@ from typing_extensions import Annotated
 
 from llmctl.cli import options as o
 from llmctl.cli.common import err, handle_errors, human_bytes, out, print_json
+from llmctl.cli.complete import model_names
 
 _PHASES = {"convert": "converting to GGUF", "quantize": "quantizing",
            "check source": "perplexity (source)", "check result": "perplexity (result)"}
@@ -64,7 +65,8 @@ def print_summary(r: dict) -> None:
 @handle_errors
 def quantize(
     model: Annotated[str, typer.Argument(
-        help="Store name, GGUF path, Hugging Face safetensors directory, or pulled repo id.")],
+        help="Store name, GGUF path, Hugging Face safetensors directory, or pulled repo id.",
+        autocompletion=model_names)],
     bits: Annotated[Optional[int], typer.Option("--bits", "-b",
                                                 help="4 → Q4_K_M, 8 → Q8_0.")] = None,
     type: Annotated[Optional[str], typer.Option(
@@ -86,7 +88,9 @@ def quantize(
                                         help="Overwrite an existing output file.")] = False,
     json: o.Json = False,
 ) -> None:
-    """Quantize a model to GGUF (Q4_K_M, Q8_0 or any llama.cpp type) and register it.
+    """Quantize a model to a GGUF file and register it.
+
+    Q4_K_M, Q8_0 or any type this llama.cpp build writes.
 
     Example: llmctl quantize ./SmolLM2-135M-Instruct --bits 4 --check
     """

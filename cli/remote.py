@@ -66,8 +66,10 @@ def _until(expires_at: str, keep_alive_s: float | None) -> str:
 
 @handle_errors
 def ps(url: Url = DEFAULT_URL, api_key: ApiKey = "", json: o.Json = False) -> None:
-    """Show the models a running server has loaded: memory, context, slots
-    in use, idle time and when each unloads.
+    """Show the models a running server has loaded.
+
+    For each: its memory, context, slots in use, idle time and when it
+    unloads.
 
     Example: llmctl ps --url http://127.0.0.1:8000
     """
@@ -91,7 +93,9 @@ def ps(url: Url = DEFAULT_URL, api_key: ApiKey = "", json: o.Json = False) -> No
 @handle_errors
 def stop(model: Annotated[str, typer.Argument(help="A loaded model's name.")],
          url: Url = DEFAULT_URL, api_key: ApiKey = "") -> None:
-    """Unload a model from a running server (requests on it finish first).
+    """Unload a model from a running server.
+
+    Requests already running on it finish first.
 
     Example: llmctl stop qwen2.5-coder-0.5b
     """

@@ -8,7 +8,7 @@ import typer
 from typing_extensions import Annotated
 
 from llmctl.cli import options as o
-from llmctl.cli.common import err, handle_errors, print_json, write_out
+from llmctl.cli.common import err, handle_errors, note_base_model, print_json, write_out
 from llmctl.errors import UsageError
 
 
@@ -24,11 +24,17 @@ def run(
     model: o.ModelArg = None,
     prompt: Annotated[str, typer.Argument(help="The prompt, or - to read it from stdin.")] = "-",
     stats: Annotated[bool, typer.Option("--stats", help="Print speed to stderr.")] = False,
+    raw: Annotated[bool, typer.Option(
+        "--raw", help="Continue the prompt as plain text, without the chat template "
+                      "(what a base model serves).")] = False,
     *,
     decoding: o.Decoding,
     json: o.Json = False,
 ) -> None:
     """Answer one prompt and exit.
+
+    The prompt is one chat turn in the model's chat template; --raw sends it
+    as it is, for a base model to continue.
 
     Example: llmctl run smollm2 "Why is the sky blue?" --max-tokens 64
     """
@@ -37,12 +43,15 @@ def run(
         raise UsageError("the prompt is empty")
     from llmctl.runtime.oneshot import run_prompt
 
+    if not raw:
+        note_base_model(model)
+
     params = gen.sampling()
     # One prompt, one answer: a prefix cache would only cost us flash
     # attention (the engine turns it off for exact cache hits) for no reuse.
     load = gen.load(prefix_cache=False, **decoding.load_fields())
     result = run_prompt(model, text, params, load, system=gen.system,
-                        on_text=None if json else write_out)
+                        on_text=None if json else write_out, raw=raw)
     if json:
         print_json({"text": result.text, "prompt_tokens": result.usage.prompt_tokens,
                     "completion_tokens": result.usage.completion_tokens,

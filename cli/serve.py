@@ -154,7 +154,7 @@ def serve(
     allowed_origins: AllowedOrigins = "",
     no_webui: NoWebui = False,
 ) -> None:
-    """Serve models over OpenAI's and Ollama's APIs, loading them on demand.
+    """Serve models over OpenAI's, Anthropic's and Ollama's APIs.
 
     Models load on their first request (`model` names any model in the store or
     models.toml); MODEL, when given, is loaded at start. A chat page is served

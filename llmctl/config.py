@@ -1,5 +1,7 @@
 """Paths and settings. Every knob is a flag first and an `LLMCTL_*` variable
-second, so scripts and services can configure llmctl without flags."""
+second, so scripts and services can configure llmctl without flags; a flag's
+default can also come from the config file (llmctl/config_file.py), below
+both."""
 
 from __future__ import annotations
 

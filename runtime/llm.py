@@ -21,9 +21,10 @@ from llmctl.runtime.engine.loop import Engine
 from llmctl.runtime.engine.sequence import Sequence
 from llmctl.runtime.engine.stats import Stats
 from llmctl.runtime.formats.reasoning import THINK_OPEN, opens_thought
-from llmctl.runtime.formats.template import ChatTemplate, normalize_messages
+from llmctl.runtime.formats.template import normalize_messages
+from llmctl.runtime.formats.template_source import choose_template
 from llmctl.runtime.formats.tool_calls import ToolFormat
-from llmctl.runtime.llama import LlamaModel, supports_gpu_offload
+from llmctl.runtime.llama import LlamaModel, render_builtin, supports_gpu_offload
 from llmctl.runtime.prefix_cache.cache import PrefixCache, Weights
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.speculation.draft import check_compatible
@@ -116,9 +117,12 @@ class LLM:
         self.model = LlamaModel(resolved.path, n_gpu_layers=self.n_gpu_layers)
         if opts.ctx_size is None:
             n_ctx = min(n_ctx, self.model.n_ctx_train or n_ctx)
-        self.template = ChatTemplate(
-            resolved.template or self.model.chat_template(),
-            bos_token=self.model.token_text(self.model.bos),
+        self.template_source = choose_template(
+            override=resolved.template, gguf=self.model.chat_template(),
+            architecture=self.model.meta("general.architecture") or "",
+            has_token=self.model.has_token)
+        self.template = self.template_source.build(
+            self.name, render_builtin, bos_token=self.model.token_text(self.model.bos),
             eos_token=self.model.token_text(self.model.eos))
         self.draft_model = self._load_draft()
         entry = resolved.entry

@@ -4,17 +4,24 @@ from __future__ import annotations
 
 from typing import Callable
 
+from llmctl.errors import UsageError
 from llmctl.runtime.llm import LLM, Completion, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
 
 
 def run_prompt(model: str | None, prompt: str, params: SamplingParams, load: LoadOptions,
                system: str | None = None,
-               on_text: Callable[[str], None] | None = None) -> Completion:
-    """Answer `prompt` as a single-turn chat, streaming text to `on_text`.
-    Raises ModelNotFound/BadModelFile for a bad model reference and the
-    engine's LlmctlError (e.g. ContextOverflow) when generation fails."""
+               on_text: Callable[[str], None] | None = None, *, raw: bool = False) -> Completion:
+    """Answer `prompt` as a single-turn chat, or continue it as plain text
+    when `raw` (no chat template: what a base model serves), streaming text
+    to `on_text`. Raises UsageError for a system prompt with `raw`,
+    ModelNotFound/BadModelFile for a bad model reference, InvalidParams for
+    chat with a model that has no chat format, and the engine's LlmctlError
+    (e.g. ContextOverflow) when generation fails."""
+    if raw and system:
+        raise UsageError("--system needs the chat template, which --raw leaves out")
     messages = ([{"role": "system", "content": system}] if system else [])
     messages.append({"role": "user", "content": prompt})
     with LLM.load(model, load) as llm:
-        return llm.complete(llm.chat_tokens(messages), params, on_text)
+        tokens = llm.text_tokens(prompt) if raw else llm.chat_tokens(messages)
+        return llm.complete(tokens, params, on_text)

@@ -54,6 +54,8 @@ def show_model(model: str, ctx_size: int | None = None, kv_type: str = "f16") ->
         data["sha256"] = resolved.entry.sha256
         data["source"] = resolved.entry.source
     data["has_chat_template"] = bool(info.chat_template)
+    spec = load_registry().get(resolved.name)
+    data["kind"] = spec.kind if spec else "unknown"     # models.toml's instruct or base
     data["memory"] = {"ctx_size": ctx, "kv_type": kv_type, "weights_bytes": info.size,
                       "kv_cache_bytes": kv, "total_bytes": info.size + kv}
     return data

@@ -18,7 +18,7 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 class RegistryModel:
     """One models.toml entry: the Hub repo and file or quant, context and
     template defaults, offline sources (a package or part packages), the pinned
-    sha256 and the default draft."""
+    sha256, the default draft and its kind (instruct or base)."""
 
     name: str
     repo: str
@@ -35,6 +35,7 @@ class RegistryModel:
     parts_version: str | None = None
     sha256: str | None = None
     draft: str | None = None            # registry name of a default draft model (--spec draft)
+    kind: str = "instruct"              # "instruct" (chat-tuned) or "base" (no chat format)
 
     @property
     def offline(self) -> bool:
@@ -76,6 +77,7 @@ def _check_parts(path: Path, model: RegistryModel) -> None:
 
 
 _INT_KEYS = {"context", "parts_count"}
+KINDS = ("instruct", "base")
 
 
 def _check_keys(path: Path, name: str, spec: object) -> None:
@@ -89,6 +91,8 @@ def _check_keys(path: Path, name: str, spec: object) -> None:
         raise UsageError(f"{where} has unknown keys {sorted(unknown)}")
     if "repo" not in spec:
         raise UsageError(f"{where} needs `repo`, the Hugging Face repo id it comes from")
+    if spec.get("kind", "instruct") not in KINDS:
+        raise UsageError(f"{where}: `kind` must be one of {', '.join(KINDS)}")
     for key, value in spec.items():
         want = int if key in _INT_KEYS else str
         if not isinstance(value, want) or isinstance(value, bool):

@@ -20,12 +20,14 @@ from llmctl.store.registry import RegistryModel, load_registry
 @dataclass
 class ResolvedModel:
     """A MODEL argument resolved: its name, the GGUF path, the registry's
-    context and template overrides, and its store entry if it has one."""
+    context and template overrides and whether it calls the model a base
+    model, and its store entry if it has one."""
 
     name: str
     path: Path
     context: int | None = None          # registry default; None = model's own
     template: str | None = None         # chat-template override
+    base: bool = False                  # models.toml says: a base model, no chat format
     entry: ModelEntry | None = None
 
 
@@ -100,16 +102,19 @@ def _by_name(ref: str, index: StoreIndex, progress: Progress | None) -> Resolved
     if entry is not None and Path(entry.path).is_file():
         return ResolvedModel(name=ref, path=Path(entry.path),
                              context=spec.context if spec else None,
-                             template=spec.template if spec else None, entry=entry)
+                             template=spec.template if spec else None,
+                             base=bool(spec and spec.kind == "base"), entry=entry)
     if spec is not None and spec.parts:
         entry = assemble_into_store(spec, index, progress)
         return ResolvedModel(name=ref, path=Path(entry.path), context=spec.context,
-                             template=spec.template, entry=entry)
+                             template=spec.template,
+                             base=spec.kind == "base", entry=entry)
     if spec is not None:
         file = _package_file(spec)
         if file is None:
             raise ModelNotFound(f"model {ref!r} is not downloaded; run `llmctl pull {ref}`")
         entry = index.register_file(ref, file, source=f"pypi:{spec.package}")
         return ResolvedModel(name=ref, path=file, context=spec.context,
-                             template=spec.template, entry=entry)
+                             template=spec.template,
+                             base=spec.kind == "base", entry=entry)
     return None

@@ -14,7 +14,7 @@ import json
 import re
 from datetime import datetime
 from functools import cached_property, lru_cache
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from jinja2 import TemplateError as JinjaTemplateError
 from jinja2.exceptions import SecurityError
@@ -25,8 +25,8 @@ from llmctl.runtime.formats.reasoning import THINK_CLOSE, THINK_OPEN, opens_thou
 from llmctl.runtime.formats.tool_calls import ToolFormat, detect_format
 from llmctl.runtime.formats.tool_schema import normalize_tool_calls, normalize_tool_result, validate_tools
 
-# Used when a GGUF carries no template: ChatML is what most small
-# instruction-tuned models (SmolLM2 and Qwen among them) were trained on.
+# ChatTemplate(None)'s source. Models never get it by default: a GGUF
+# without a template gets its architecture's format or none (template_source.py).
 CHATML = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -43,6 +43,9 @@ EMPTY_THOUGHT = f"{THINK_OPEN}\n\n{THINK_CLOSE}\n\n"
 # How a template thinks (ChatTemplate.thinking): it reads the switch, it
 # opens the thought in the generation prompt, or it only knows the tags.
 ThinkingKind = Literal["switch", "opens", "tags"]
+# Renders a llama.cpp built-in format: (its name, (role, content) turns,
+# add_generation_prompt) -> the prompt.
+BuiltinRenderer = Callable[[str, list[tuple[str, str]], bool], str]
 
 
 def _raise(message: str) -> None:
@@ -90,6 +93,8 @@ class ChatTemplate:
         as Qwen3's does), "opens" (its generation prompt ends inside
         `<think>`, as DeepSeek-R1's), "tags" (it only mentions `<think>` or
         `reasoning_content`), None when it does not think. Raises nothing."""
+        if not self.source:
+            return None     # a built-in format or none: no template text, no thought
         if "enable_thinking" in self.source:
             return "switch"
         try:
@@ -165,6 +170,41 @@ class ChatTemplate:
                 raise InvalidParams(f"messages[{i}].tool_calls: this model's chat template "
                                     "does not support tool calls", param="messages")
         return tools
+
+
+class BuiltinTemplate(ChatTemplate):
+    """One of llama.cpp's built-in chat formats, by name (`gemma`, `llama3`,
+    ...), for a GGUF that carries no template: rendered by `renderer`
+    (llama_chat_apply_template), with no tools and no thought. Rendering
+    raises what ChatTemplate.render does, and what `renderer` raises."""
+
+    def __init__(self, name: str, renderer: BuiltinRenderer, *, bos_token: str = "",
+                 eos_token: str = ""):
+        self.name = name
+        self.source = ""
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self._renderer = renderer
+
+    def _render(self, **variables: Any) -> str:
+        turns = [(m["role"], m["content"]) for m in variables["messages"]]
+        return self._renderer(self.name, turns, bool(variables["add_generation_prompt"]))
+
+
+class NoTemplate(ChatTemplate):
+    """A model with no chat format (a base model): every render is refused
+    with `refusal`, one line naming what serves it instead. render raises
+    InvalidParams(param="model")."""
+
+    def __init__(self, refusal: str, *, bos_token: str = "", eos_token: str = ""):
+        self.refusal = refusal
+        self.source = ""
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+
+    def render(self, messages: list[dict], tools: list[dict] | None = None, *,
+               add_generation_prompt: bool = True, thinking: bool | None = None) -> str:
+        raise InvalidParams(self.refusal, param="model")
 
 
 def _closed_thought(prompt: str, kind: ThinkingKind | None, knows_tags: bool) -> str:

@@ -6,6 +6,7 @@ never through this file.
 
   library          one-time init, the build's features, log capture
   model            LlamaModel: weights, vocabulary, GGUF metadata
+  chat_builtin     llama.cpp's built-in chat formats, by name
   batch            Batch: the one llama_batch filler every decode uses
   handle           ContextHandle: a context's making and freeing
   context          LlamaContext, ContextConfig: the generation context
@@ -17,6 +18,7 @@ never through this file.
   exactness        whether a row decodes the same alone and in a batch
 """
 
+from llmctl.runtime.llama.chat_builtin import builtin_names, render_builtin
 from llmctl.runtime.llama.context import ContextConfig, LlamaContext, kv_ggml_type
 from llmctl.runtime.llama.embedding import EmbeddingContext
 from llmctl.runtime.llama.grammar_sampler import validate_grammar
@@ -35,7 +37,8 @@ from llmctl.runtime.llama.splice import Move, Splicer
 
 __all__ = [
     "LLAMA_CPP_VERSION", "POOLING", "ContextConfig", "EmbeddingContext", "LlamaContext",
-    "LlamaModel", "LogCapture", "Move", "Sampler", "Splicer", "capture_log", "file_types", "init_backend",
-    "kv_ggml_type", "quantize_file", "supports_gpu_offload", "system_info",
+    "LlamaModel", "LogCapture", "Move", "Sampler", "Splicer", "builtin_names", "capture_log",
+    "file_types", "init_backend", "kv_ggml_type", "quantize_file", "render_builtin",
+    "supports_gpu_offload", "system_info",
     "validate_grammar", "validate_sampling",
 ]

@@ -92,6 +92,11 @@ class LlamaModel:
     def is_eog(self, token: int) -> bool:
         return token in self._eog
 
+    def has_token(self, text: str) -> bool:
+        """Whether the vocabulary holds `text` as one token (a chat format's
+        turn marker, say)."""
+        return len(self.tokenize(text, add_special=False, parse_special=True)) == 1
+
     def chat_template(self) -> str | None:
         raw = lc.llama_model_chat_template(self.ptr, None)
         return raw.decode(errors="replace") if raw else None
