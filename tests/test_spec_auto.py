@@ -135,6 +135,16 @@ def test_a_sequence_learns_from_its_own_checks_and_the_engine_from_all():
     assert ctl.alpha(other, 2) < ctl.alpha(rec, 2)
 
 
+def test_a_copying_sequence_trusts_its_short_matches_too():
+    ctl = controller(base=10.0, per_row=3.0)
+    for _ in range(20):                             # the engine: short matches are chance
+        ctl.record(SeqSpec(), 1, drafted=3, kept=0)
+    copying = evidence(4, kept=60, failed=2)        # this one's long matches held
+    assert ctl.alpha(copying, 1) > 2 * ctl.alpha(SeqSpec(), 1)
+    keep = ctl.trim(1, [Candidate(copying, [1, 2, 3, 4], 1), Candidate(SeqSpec(), [5, 6], 1)])
+    assert keep[0] > 0 and keep[1] == 0
+
+
 def test_saved_time_counts_what_plain_steps_would_have_cost():
     ctl = controller(base=10.0, per_row=2.0)
     assert ctl.saved_s(1, 5, 5, 20.0) == pytest.approx(5 * 12.0 - 20.0)

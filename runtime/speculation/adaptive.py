@@ -6,8 +6,8 @@ whole step. What a row costs is measured, not assumed: `StepCosts` keeps
 the time of decode-only steps by their number of rows. What a guess is
 worth is measured per sequence: each keeps, per kind of evidence (the
 length of the n-gram match behind the guess), how many guesses it kept and
-how many checks failed, with the engine's counts for that kind as its
-prior. A run of kept guesses is modelled as geometric: each next guess
+how many checks failed, with its checks of every kind, and the engine's
+of that kind, as the prior. A run of kept guesses is modelled as geometric: each next guess
 holds with probability `alpha`, so k guesses keep alpha + ... + alpha^k on
 average.
 
@@ -168,10 +168,17 @@ class Controller:
         self.engine = Evidence()
 
     def alpha(self, record: SeqSpec, kind: int) -> float:
-        """How likely a guess of this kind holds for this sequence."""
+        """How likely a guess of this kind holds for this sequence: its own
+        checks of this kind, over a prior that is the sequence's checks of
+        every kind over the engine's of this kind. A sequence that copies
+        (an edit) keeps short matches' guesses too, where free text's short
+        matches are chance; the engine alone cannot tell the two apart."""
         g_kept, g_failed = self.engine.kept[kind], self.engine.failed[kind]
         prior = (g_kept + 1.0) / (g_kept + g_failed + 2.0)
-        kept, failed = record.evidence.kept[kind], record.evidence.failed[kind]
+        ev = record.evidence
+        all_kept, all_failed = sum(ev.kept), sum(ev.failed)
+        prior = (all_kept + PRIOR_WEIGHT * prior) / (all_kept + all_failed + PRIOR_WEIGHT)
+        kept, failed = ev.kept[kind], ev.failed[kind]
         return (kept + PRIOR_WEIGHT * prior) / (kept + failed + PRIOR_WEIGHT)
 
     def trim(self, n_rows: int, candidates: list[Candidate]) -> list[int]:
