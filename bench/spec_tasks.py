@@ -129,13 +129,17 @@ hours with a photo, and we send a replacement at no cost instead of a refund.
 
 # (kind, name, prompt)
 TASKS: list[tuple[str, str, str]] = [
-    ("free", "lighthouse", "Write a short story about a lighthouse keeper who finds a message "
-                           "in a bottle."),
-    ("free", "autumn", "Describe a walk through a forest in autumn, in two paragraphs."),
-    ("free", "bottle", "Write a product description for a reusable steel water bottle."),
-    ("chat", "tcp-udp", "What are the main differences between TCP and UDP?"),
-    ("chat", "photosynthesis", "How does photosynthesis work? Explain it simply."),
-    ("chat", "decorator", "What is a Python decorator? Give a short example."),
+    ("free", "lighthouse", "Write a story of about 300 words about a lighthouse keeper who "
+                           "finds a message in a bottle."),
+    ("free", "autumn", "Describe a walk through a forest in autumn, in three paragraphs."),
+    ("free", "bottle", "Write a detailed product description, of about 250 words, for a "
+                       "reusable steel water bottle."),
+    ("chat", "tcp-udp", "What are the main differences between TCP and UDP? Explain each "
+                        "difference in a short paragraph."),
+    ("chat", "photosynthesis", "How does photosynthesis work? Explain each stage in a few "
+                               "sentences."),
+    ("chat", "decorator", "What is a Python decorator? Explain how it works step by step, with "
+                          "two examples."),
     ("edit", "comprehensions", "Rewrite this Python code to use list comprehensions. Reply with "
                                "the code only.\n\n" + EVENS),
     ("edit", "inventory", "Add type hints to every method of this class, changing nothing "
@@ -148,7 +152,7 @@ TASKS: list[tuple[str, str, str]] = [
                                             "to install the agent, with the exact commands."),
     ("document", "meeting", MEETING + "\nUsing only the minutes above, list every decision the "
                                       "team made and every action item, with who does it."),
-    ("document", "refunds", POLICY + "\nQuote the sentences of the policy above that say what "
-                                     "cannot be returned and how long refunds take."),
+    ("document", "refunds", POLICY + "\nRewrite the policy above as a bulleted list, one "
+                                     "bullet per sentence, keeping its wording."),
 ]
 KINDS = ("free", "chat", "edit", "document")

@@ -11,9 +11,11 @@ each answer compared with plain decoding's. Then llmctl at each
 concurrency level, off against auto: the tasks cycled over that many
 concurrent requests, generated tokens over wall time. Acceptance comes
 from each server's own counters (llmctl's /stats, llama-server's timings).
+With --rounds N, llmctl's two arms alternate N times and each figure is the
+median of its rounds (this machine moves one arm by 10-20% between runs).
 
     .venv/bin/python scripts/bench_spec_auto.py [--models qwen2.5-coder-0.5b,...]
-        [--tokens 192] [--levels 4,16] [--json FILE] [--skip-peers]
+        [--tokens 192] [--levels 4,16] [--rounds 2] [--json FILE] [--skip-peers]
 """
 
 from __future__ import annotations
@@ -74,15 +76,17 @@ def loaded(url: str, model: str, level: int, tokens: int) -> dict:
 
 
 def run_model(args, model: str) -> dict:
-    results: dict[str, dict] = {}
-    for name, flags in OURS.items():
-        print(f"== {model}: {name}", file=sys.stderr, flush=True)
-        argv = [model, "--threads", str(args.threads), "--max-num-seqs", str(SLOTS),
-                "--ctx-size", str(CTX), "--flash-attn", "on", *flags]
-        with Server.llmctl_serve(*argv) as srv:
-            results[name] = {"single": single(srv.url, model, args.tokens, True)}
-            results[name]["loaded"] = {c: loaded(srv.url, model, c, args.tokens)
-                                       for c in args.levels}
+    rounds: dict[str, list[dict]] = {name: [] for name in OURS}
+    for i in range(args.rounds):
+        for name, flags in OURS.items():
+            print(f"== {model}: {name}, round {i + 1}", file=sys.stderr, flush=True)
+            argv = [model, "--threads", str(args.threads), "--max-num-seqs", str(SLOTS),
+                    "--ctx-size", str(CTX), "--flash-attn", "on", *flags]
+            with Server.llmctl_serve(*argv) as srv:
+                rounds[name].append({
+                    "single": single(srv.url, model, args.tokens, True),
+                    "loaded": {c: loaded(srv.url, model, c, args.tokens) for c in args.levels}})
+    results: dict[str, dict] = {name: _median(runs) for name, runs in rounds.items()}
     if args.llama_server is not None:
         base = [str(args.llama_server), "-m", str(resolve_model(model).path), "-np", "1",
                 "-c", str(CTX), "-t", str(args.threads), "-tb", str(args.threads),
@@ -94,6 +98,26 @@ def run_model(args, model: str) -> dict:
     return results
 
 
+def _median(runs: list[dict]) -> dict:
+    """One arm's rounds as one: each rate the median of its rounds, the
+    counters summed, the text the first round's."""
+    first = runs[0]
+    single = {}
+    for name, r in first["single"].items():
+        all_r = [run["single"][name] for run in runs]
+        single[name] = {**r, "decode_tok_s": statistics.median(x["decode_tok_s"] for x in all_r),
+                        "rates": [x["decode_tok_s"] for x in all_r],
+                        "identical_across_rounds": all(x["text"] == r["text"] for x in all_r)}
+        for key in ("drafted", "accepted", "declined"):
+            if r.get(key) is not None:
+                single[name][key] = sum(x[key] for x in all_r)
+    loaded_ = {c: {**first["loaded"][c], "tok_s": statistics.median(
+        run["loaded"][c]["tok_s"] for run in runs), "rates": [run["loaded"][c]["tok_s"]
+                                                             for run in runs]}
+               for c in first["loaded"]}
+    return {"single": single, "loaded": loaded_, "rounds": len(runs)}
+
+
 def geomean(xs: list[float]) -> float:
     return statistics.geometric_mean(xs) if xs else float("nan")
 
@@ -102,12 +126,13 @@ def report(model: str, results: dict, levels: list[int]) -> None:
     arms = list(results)
     off = results["llmctl off"]["single"]
     auto = results["llmctl auto"]["single"]
-    print(f"\n## {model}: single stream, decode tok/s (acceptance)")
+    print(f"\n## {model}: single stream, decode tok/s (acceptance); task (tokens generated)")
     print(f"{'task':18}" + "".join(f"{a.replace('llama-server', 'ls'):>22}" for a in arms)
           + f"{'auto/off':>10}")
     for _, name, _ in TASKS:
         cells = "".join(f"{_cell(results[a]['single'][name]):>22}" for a in arms)
-        print(f"{name:18}{cells}{auto[name]['decode_tok_s'] / off[name]['decode_tok_s']:>10.2f}")
+        label = f"{name} ({off[name]['tokens']})"
+        print(f"{label:18}{cells}{auto[name]['decode_tok_s'] / off[name]['decode_tok_s']:>10.2f}")
     ratios = {n: auto[n]["decode_tok_s"] / off[n]["decode_tok_s"] for n in auto}
     print(f"auto/off: min {min(ratios.values()):.2f}, per kind median "
           + ", ".join(f"{k} {statistics.median(_of(ratios, k)):.2f}" for k in KINDS))
@@ -145,6 +170,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=192)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--levels", default="4,16")
+    ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--llama-server", type=Path, default=Path(
         os.environ.get("LLAMA_SERVER", "/tmp/llama-server-build/bin/llama-server")))
     ap.add_argument("--skip-peers", action="store_true")
