@@ -112,14 +112,27 @@ def test_a_declining_sequence_probes_now_and_then():
 
 def test_speculation_yields_to_a_full_batch_by_measure():
     # Rows that cost little next to a step's fixed part pay even in a batch...
-    cheap = controller(base=20.0, per_row=0.5)
-    rec = evidence(3, kept=20, failed=10)
+    cheap = controller(base=20.0, per_row=0.25)
+    rec = evidence(3, kept=40, failed=5)
     assert cheap.trim(16, [Candidate(rec, [1, 2, 3, 4], 3)])[0] > 0
     # ...but where each row costs as much as a sequence's share of the step,
     # the same evidence is declined with 16 sequences and taken with one.
     dear = controller(base=2.0, per_row=2.0)
-    assert dear.trim(16, [Candidate(evidence(3, 20, 10), [1, 2, 3, 4], 3)])[0] == 0
-    assert dear.trim(1, [Candidate(evidence(3, 20, 10), [1, 2, 3, 4], 3)])[0] > 0
+    assert dear.trim(16, [Candidate(evidence(3, 40, 5), [1, 2, 3, 4], 3)])[0] == 0
+    assert dear.trim(1, [Candidate(evidence(3, 40, 5), [1, 2, 3, 4], 3)])[0] > 0
+
+
+def test_rows_past_a_full_batch_are_costed_from_full_batches():
+    # Beside a lone sequence a row is nearly free; past 16 rows each costs
+    # as much as a sequence's share. Guesses pay alone, not in the batch.
+    ctl = Controller()
+    for r in range(1, 10):
+        ctl.costs.record(r, 10.0 + 0.1 * r)
+    for r in (16, 18, 20):
+        ctl.costs.record(r, 2.0 * r)
+    rec = evidence(3, kept=40, failed=5)
+    assert ctl.trim(1, [Candidate(rec, [1, 2, 3, 4], 3)])[0] > 0
+    assert ctl.trim(16, [Candidate(rec, [1, 2, 3, 4], 3)])[0] == 0
 
 
 def test_a_sequence_learns_from_its_own_checks_and_the_engine_from_all():

@@ -37,7 +37,7 @@ PRIOR_WEIGHT = 8.0
 PROBE_EVERY = 16
 PROBE_GUESSES = 2
 # A gain under this share of the step's rate is noise, not a reason to guess.
-MIN_GAIN = 0.02
+MIN_GAIN = 0.05
 BUCKETS = 6
 # The engine's counts of a kind are halved past this many checks, so that
 # its prior follows the server's recent work rather than all of it.
@@ -72,7 +72,8 @@ class StepCosts:
     def __init__(self, max_rows: int = MAX_ROWS):
         self._t = [0.0] * (max_rows + 1)
         self._n = [0] * (max_rows + 1)
-        self._line: tuple[float, float, float] | None = None    # fitted lazily
+        # Fitted lazily, by the fewest rows a fit may use (see cost).
+        self._lines: dict[int, tuple[float, float, float] | None] = {}
 
     def record(self, rows: int, seconds: float) -> None:
         if not 0 < rows < len(self._t) or seconds <= 0:
@@ -80,26 +81,34 @@ class StepCosts:
         n = self._n[rows]
         self._t[rows] = seconds if n == 0 else self._t[rows] + EWMA * (seconds - self._t[rows])
         self._n[rows] = n + 1
-        self._line = None
+        self._lines.clear()
 
-    def cost(self, rows: int) -> float | None:
-        """Estimated seconds of a step of `rows` rows; None before any step."""
+    def cost(self, rows: int, base: int = 1) -> float | None:
+        """Estimated seconds of a step of `rows` rows, for a step that has
+        `base` rows without guesses; None before any step. The line is
+        fitted through the counts from `base` up where two or more are
+        measured: a row costs more in a full batch, where the CPU is
+        already busy, than beside a lone sequence."""
         rows = max(1, min(rows, len(self._t) - 1))
         if self._n[rows] >= TRUSTED:
             return self._t[rows]
-        line = self._fit()
+        line = self._fit(base)
+        if line is None:
+            line = self._fit(1)
         if line is None:
             return None
         a, b, floor = line
         return max(a + b * rows, floor)
 
-    def _fit(self) -> tuple[float, float, float] | None:
-        """(intercept, slope, the cheapest measured step), fitted once per
-        new measurement."""
-        if self._line is None:
+    def _fit(self, lo: int) -> tuple[float, float, float] | None:
+        """(intercept, slope, the cheapest step) through the counts from
+        `lo` rows up, fitted once per new measurement; None with fewer than
+        two counts there (with `lo` 1: none at all)."""
+        if lo not in self._lines:
             pts = [(r, t, min(n, TRUSTED * 4))
-                   for r, (t, n) in enumerate(zip(self._t, self._n, strict=True)) if n]
-            if not pts:
+                   for r, (t, n) in enumerate(zip(self._t, self._n, strict=True)) if n and r >= lo]
+            if not pts or (lo > 1 and len(pts) < 2):
+                self._lines[lo] = None
                 return None
             w = sum(p[2] for p in pts)
             mr = sum(r * n for r, _, n in pts) / w
@@ -107,8 +116,8 @@ class StepCosts:
             var = sum(n * (r - mr) ** 2 for r, _, n in pts)
             slope = sum(n * (r - mr) * (t - mt) for r, t, n in pts) / var if var else 0.0
             slope = max(0.0, slope)     # more rows never cost less
-            self._line = (mt - slope * mr, slope, min(t for _, t, _ in pts))
-        return self._line
+            self._lines[lo] = (mt - slope * mr, slope, min(t for _, t, _ in pts))
+        return self._lines[lo]
 
 
 @dataclass
@@ -190,7 +199,7 @@ class Controller:
         rows, tokens = n_rows, float(n_rows)
         for i in order:
             c = candidates[i]
-            k, gain = self._best(rows, tokens, c)
+            k, gain = self._best(rows, tokens, c, n_rows)
             if k == 0:
                 c.record.declined += 1
                 if c.record.declined < PROBE_EVERY:
@@ -203,16 +212,16 @@ class Controller:
             tokens += gain
         return out
 
-    def _best(self, rows: int, tokens: float, c: Candidate) -> tuple[int, float]:
+    def _best(self, rows: int, tokens: float, c: Candidate, base_rows: int) -> tuple[int, float]:
         """The guess count with the best expected step rate, and its
         expected kept guesses; (0, 0) when no count beats not guessing."""
-        base = self.costs.cost(rows)
+        base = self.costs.cost(rows, base_rows)
         if base is None:
             return 0, 0.0
         alpha = self.alpha(c.record, c.kind)
         best_k, best_gain, best_rate = 0, 0.0, tokens / base * (1.0 + MIN_GAIN)
         for k in range(1, min(len(c.guesses), MAX_ROWS - rows) + 1):
-            cost = self.costs.cost(rows + k)
+            cost = self.costs.cost(rows + k, base_rows)
             gain = expected_kept(alpha, k)
             if cost and (tokens + gain) / cost > best_rate:
                 best_k, best_gain, best_rate = k, gain, (tokens + gain) / cost
