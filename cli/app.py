@@ -40,16 +40,19 @@ COMMANDS = {
 }
 
 
-_display_type_rich = TyperOption.display_type_rich
+# Typer's rich help puts `<bool>` beside every flag, as if it took a value;
+# a flag shows no type, like click's plain help. A Typer without this hook
+# is left as it is (tests/test_help.py would then name the placeholder).
+_display_type_rich = getattr(TyperOption, "display_type_rich", None)
 
 
 def _flag_type(self: TyperOption, ctx: Any) -> str | None:
-    # Typer's rich help puts `<bool>` beside every flag, as if it took a
-    # value; a flag shows no type, like click's plain help.
+    assert _display_type_rich is not None
     return None if self.is_flag else _display_type_rich(self, ctx)
 
 
-TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
+if _display_type_rich is not None:
+    TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
 
 
 class _Pending(TyperCommand):
