@@ -34,6 +34,8 @@ def _isolated_store(session_home, monkeypatch):
     monkeypatch.setenv("LLMCTL_HOME", str(session_home))
     monkeypatch.setenv("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "1"))
     monkeypatch.delenv("LLMCTL_MODEL", raising=False)
+    # Nor a developer's own config file (docs/config.md): an empty one.
+    monkeypatch.setenv("LLMCTL_CONFIG", os.devnull)
 
 
 @pytest.fixture
