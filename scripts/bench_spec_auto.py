@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import statistics
 import sys
@@ -134,12 +135,13 @@ def report(model: str, results: dict, levels: list[int]) -> None:
         label = f"{name} ({off[name]['tokens']})"
         print(f"{label:18}{cells}{auto[name]['decode_tok_s'] / off[name]['decode_tok_s']:>10.2f}")
     ratios = {n: auto[n]["decode_tok_s"] / off[n]["decode_tok_s"] for n in auto}
+    kinds = [k for k in KINDS if _of(ratios, k)]
     print(f"auto/off: min {min(ratios.values()):.2f}, per kind median "
-          + ", ".join(f"{k} {statistics.median(_of(ratios, k)):.2f}" for k in KINDS))
+          + ", ".join(f"{k} {statistics.median(_of(ratios, k)):.2f}" for k in kinds))
     same = sum(auto[n]["text"] == off[n]["text"] for n in auto)
     print(f"auto's answers identical to plain decoding's: {same} of {len(auto)}")
     peers = [a for a in arms if a.startswith("llama-server")]
-    for kind in KINDS if peers else ():
+    for kind in kinds if peers else ():
         ours = geomean(_of({n: auto[n]["decode_tok_s"] for n in auto}, kind))
         best = max(peers, key=lambda a: geomean(_of(_rates(results[a]["single"]), kind)))
         theirs = geomean(_of(_rates(results[best]["single"]), kind))
@@ -175,7 +177,13 @@ def main() -> None:
         os.environ.get("LLAMA_SERVER", "/tmp/llama-server-build/bin/llama-server")))
     ap.add_argument("--skip-peers", action="store_true")
     ap.add_argument("--json", type=Path, help="also write the raw results here")
+    ap.add_argument("--tasks", help="only these tasks (names, comma-separated)")
+    ap.add_argument("--auto-flags", default="", help="more serve flags for the auto arm")
     args = ap.parse_args()
+    global TASKS
+    if args.tasks:
+        TASKS = [t for t in TASKS if t[1] in args.tasks.split(",")]
+    OURS["llmctl auto"] = [*OURS["llmctl auto"], *shlex.split(args.auto_flags)]
     args.levels = [int(x) for x in args.levels.split(",") if x]
     if args.skip_peers or not args.llama_server.exists():
         args.llama_server = None
