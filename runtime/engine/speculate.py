@@ -51,7 +51,8 @@ class Speculation:
         self.proposer = proposer
         self.controller = Controller() if adaptive else None
         self._stats = stats
-        self._kinds: dict[int, int] = {}       # seq id -> evidence kind of its draft this step
+        # seq id -> evidence kind of its draft this step (auto mode's record)
+        self._kinds: dict[int, int] = {}
         self._kept = 0                          # guesses kept this step
 
     def fill(self, plan: list[Work]) -> None:
@@ -61,8 +62,6 @@ class Speculation:
         self._kept = 0
         guessed = propose_into(plan, self.proposer)
         if self.controller is None or not guessed:
-            for w, guess in guessed:
-                self._kinds[w.seq.id] = bucket(guess.match)
             return
         candidates = [Candidate(_record(w), w.draft, bucket(g.match)) for w, g in guessed]
         rows = sum(len(w.tokens) - len(w.draft) for w in plan)
