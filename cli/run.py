@@ -17,6 +17,15 @@ def read_prompt(prompt: str) -> str:
     return sys.stdin.read() if prompt == "-" else prompt
 
 
+def prompt_only(model: str | None, prompt: str) -> tuple[str | None, str]:
+    """(model, prompt) with a lone argument read as the prompt when it has
+    whitespace, which no model name or path given here has: `llmctl run
+    "Why is the sky blue?"` asks the default model. Raises nothing."""
+    if prompt == "-" and model is not None and any(c.isspace() for c in model):
+        return None, model
+    return model, prompt
+
+
 @handle_errors
 @o.with_groups
 def run(
@@ -36,8 +45,12 @@ def run(
     The prompt is one chat turn in the model's chat template; --raw sends it
     as it is, for a base model to continue.
 
+    With one argument that has a space in it, that is the prompt and the
+    default model answers it.
+
     Example: llmctl run smollm2 "Why is the sky blue?" --max-tokens 64
     """
+    model, prompt = prompt_only(model, prompt)
     text = read_prompt(prompt)
     if not text.strip():
         raise UsageError("the prompt is empty")
