@@ -232,7 +232,7 @@ def launch(
     agent: Annotated[str, typer.Argument(
         help=f"One of: {', '.join(AGENTS)}.", metavar="AGENT", show_default=False)],
     model: Annotated[Optional[str], typer.Argument(
-        help="The model to serve (as for serve; default: smollm2), or the one "
+        help="The model to serve (as for serve; default: the registry's default), or the one "
              "to use at --url (default: the first it serves).", metavar="MODEL", show_default=False,
         autocompletion=model_names)] = None,
     *,

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 T = TypeVar("T", bound=type)
 
 ModelArg = Annotated[Optional[str], typer.Argument(
-    help="models.toml name, store name, or path to a .gguf file (default: smollm2).",
+    help="models.toml name, store name, or .gguf path (default: qwen2.5-coder-1.5b).",
     envvar="LLMCTL_MODEL", show_default=False, autocompletion=model_names)]
 Temperature = Annotated[float, typer.Option(
     "--temperature", min=0.0, envvar="LLMCTL_TEMPERATURE", help="0 = greedy.")]

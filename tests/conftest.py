@@ -33,7 +33,8 @@ def _isolated_store(session_home, monkeypatch):
     # Tests never touch the user's real store or a real Hub.
     monkeypatch.setenv("LLMCTL_HOME", str(session_home))
     monkeypatch.setenv("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "1"))
-    monkeypatch.delenv("LLMCTL_MODEL", raising=False)
+    # The tests keep the tiny SmolLM2 by naming it; tests of the default unset this.
+    monkeypatch.setenv("LLMCTL_MODEL", "smollm2")
     # Nor a developer's own config file (docs/config.md): an empty one.
     monkeypatch.setenv("LLMCTL_CONFIG", os.devnull)
 

