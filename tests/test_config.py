@@ -20,6 +20,12 @@ runner = CliRunner()
 RUN = ["run", "smollm2", "Hi", "--temperature", "0", "--ctx-size", "256", "--json"]
 
 
+@pytest.fixture(autouse=True)
+def _no_model_variable(monkeypatch):
+    # conftest names SmolLM2 through LLMCTL_MODEL; `config show` would list it.
+    monkeypatch.delenv("LLMCTL_MODEL", raising=False)
+
+
 @pytest.fixture
 def config(tmp_path, monkeypatch) -> Path:
     path = tmp_path / "config.toml"
