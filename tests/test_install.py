@@ -224,6 +224,8 @@ def test_the_bar_counts_packages_then_the_join():
     assert task.completed == 0.5 and task.total == 2
     assert task.fields["what"] == "0/2 · 25.0 MB of 50.0 MB"
     bar.on_package(2, "b==1")
+    bar.on_unpack()
+    assert bar.progress.tasks[0].fields["what"] == "2/2 · unpacking"
     bar.on_join(1_000, 4_000)
     assert bar.progress.tasks[0].fields["what"] == "joining 1.0 KB of 4.0 KB"
     bar.on_done()
