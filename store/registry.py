@@ -17,8 +17,9 @@ _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 @dataclass(frozen=True)
 class RegistryModel:
     """One models.toml entry: the Hub repo and file or quant, context and
-    template defaults, offline sources (a package or part packages), the pinned
-    sha256, the default draft and its kind (instruct or base)."""
+    template defaults, offline sources (a package or part packages, and the
+    versions an install pins), the pinned sha256, the default draft and its
+    kind (instruct or base)."""
 
     name: str
     repo: str
@@ -29,6 +30,7 @@ class RegistryModel:
     description: str = ""
     package: str | None = None
     package_file: str | None = None
+    package_version: str | None = None  # the pin a first-use install of `package` uses
     parts: str | None = None
     parts_count: int = 0
     parts_file: str | None = None
