@@ -2,9 +2,10 @@
 once so `chat`, `run` and `serve` spell and document them the same way.
 Each also reads an `LLMCTL_*` environment variable.
 
-Only typer and the runtime's speculation defaults (constants) are imported
-at module level: every command module imports this one, so `llmctl CMD
---help` pays for nothing more."""
+Only typer, the runtime's speculation defaults (constants) and the preset
+type (llmctl/presets.py imports nothing heavy) are imported at module
+level: every command module imports this one, so `llmctl CMD --help` pays
+for nothing more."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing_extensions import Annotated
 
 from llmctl.cli.complete import model_names
 from llmctl.kv_types import KV_TYPES
+from llmctl.presets import Preset
 from llmctl.runtime.speculation.config import DRAFT_MAX, DRAFT_MIN, P_MIN
 
 if TYPE_CHECKING:
@@ -97,15 +99,37 @@ class Generation:
     n_gpu_layers: GpuLayers = "auto"
     format: Format = None
     json_schema: JsonSchema = None
+    # The preset MODEL names, applied by with_preset; no option of its own.
+    preset: Optional[Preset] = dataclasses.field(default=None, metadata={"option": False})
+
+    def with_preset(self, model: str | None) -> Generation:
+        """These options with the preset `model` names (if it names one)
+        applied: its values replace the config file's and the built-in
+        defaults, never a flag or an LLMCTL_* variable the user set.
+        Raises ConfigError for a bad preset."""
+        from llmctl.presets import find_preset
+
+        preset = find_preset(model)
+        if preset is None:
+            return self
+        own = {f.name for f in dataclasses.fields(self)}
+        values = {"system": preset.system, **preset.sampling}
+        changes = {name: value for name, value in values.items()
+                   if name in own and value is not None and not _user_set(name)}
+        return dataclasses.replace(self, **changes, preset=preset)
 
     def sampling(self) -> SamplingParams:
-        """The sampling half. Raises InvalidParams for out-of-range values
+        """The sampling half: the options, over the preset's fields that
+        have no option. Raises InvalidParams for out-of-range values
         and UsageError for an unknown --format or an unreadable schema."""
         from llmctl.runtime.sampling import SamplingParams
 
+        own = {f.name for f in dataclasses.fields(self)}
+        rest = {k: v for k, v in (self.preset.sampling if self.preset else {}).items()
+                if k not in own}
         return SamplingParams(temperature=self.temperature, top_p=self.top_p,
                               top_k=self.top_k, seed=self.seed, max_tokens=self.max_tokens,
-                              grammar=self._grammar())
+                              grammar=self._grammar(), **rest)
 
     def _grammar(self) -> str | None:
         from llmctl.errors import UsageError
@@ -149,8 +173,11 @@ def with_groups(fn: Callable) -> Callable:
               for q in (fields[p.name] if p.name in fields else [p])]
 
     def gather(kwargs: dict[str, Any]) -> dict[str, Any]:
-        return {name: groups[name](**{p.name: kwargs.pop(p.name) for p in fields[name]})
-                for name in groups}
+        gathered = {name: groups[name](**{p.name: kwargs.pop(p.name) for p in fields[name]})
+                    for name in groups}
+        # A preset named as the model sets the generation options' defaults.
+        return {name: group.with_preset(kwargs.get("model"))
+                if isinstance(group, Generation) else group for name, group in gathered.items()}
 
     return replace_parameters(fn, params, gather)
 
@@ -159,7 +186,19 @@ def _expand(group: type, slot: inspect.Parameter) -> list[inspect.Parameter]:
     """The fields of `group` as parameters of the kind of `slot`."""
     hints = typing.get_type_hints(group, include_extras=True)
     return [inspect.Parameter(f.name, slot.kind, default=f.default, annotation=hints[f.name])
-            for f in dataclasses.fields(group)]
+            for f in dataclasses.fields(group) if f.metadata.get("option", True)]
+
+
+def _user_set(name: str) -> bool:
+    """Whether the user gave the current command's parameter `name` (a
+    flag or an LLMCTL_* variable), rather than the config file or the
+    default. Raises nothing."""
+    # Typer runs on its own copy of click: the command's context is on that one's stack.
+    from typer._click.globals import get_current_context
+
+    ctx = get_current_context(silent=True)
+    source = ctx.get_parameter_source(name) if ctx is not None else None
+    return getattr(source, "name", None) in ("COMMANDLINE", "ENVIRONMENT")
 
 
 def replace_parameters(fn: Callable, params: list[inspect.Parameter],
