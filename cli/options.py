@@ -99,8 +99,6 @@ class Generation:
     n_gpu_layers: GpuLayers = "auto"
     format: Format = None
     json_schema: JsonSchema = None
-    # The preset MODEL names, applied by with_preset; no option of its own.
-    preset: Optional[Preset] = dataclasses.field(default=None, metadata={"option": False})
 
     def with_preset(self, model: str | None) -> Generation:
         """These options with the preset `model` names (if it names one)
@@ -112,24 +110,25 @@ class Generation:
         preset = find_preset(model)
         if preset is None:
             return self
-        own = {f.name for f in dataclasses.fields(self)}
         values = {"system": preset.system, **preset.sampling}
         changes = {name: value for name, value in values.items()
-                   if name in own and value is not None and not _user_set(name)}
-        return dataclasses.replace(self, **changes, preset=preset)
+                   if name in _OWN and value is not None and not _user_set(name)}
+        mine = {name: getattr(self, name) for name in _OWN}
+        return _PresetGeneration(**{**mine, **changes}, preset=preset)
+
+    def _unflagged(self) -> dict[str, Any]:
+        """SamplingParams fields set where no option says (a preset's)."""
+        return {}
 
     def sampling(self) -> SamplingParams:
-        """The sampling half: the options, over the preset's fields that
+        """The sampling half: the options, over a preset's fields that
         have no option. Raises InvalidParams for out-of-range values
         and UsageError for an unknown --format or an unreadable schema."""
         from llmctl.runtime.sampling import SamplingParams
 
-        own = {f.name for f in dataclasses.fields(self)}
-        rest = {k: v for k, v in (self.preset.sampling if self.preset else {}).items()
-                if k not in own}
         return SamplingParams(temperature=self.temperature, top_p=self.top_p,
                               top_k=self.top_k, seed=self.seed, max_tokens=self.max_tokens,
-                              grammar=self._grammar(), **rest)
+                              grammar=self._grammar(), **self._unflagged())
 
     def _grammar(self) -> str | None:
         from llmctl.errors import UsageError
@@ -153,6 +152,21 @@ class Generation:
 
         return LoadOptions(ctx_size=self.ctx_size, threads=self.threads,
                            n_gpu_layers=self.n_gpu_layers, **extra)
+
+
+_OWN = tuple(Generation.__dataclass_fields__)
+
+
+@dataclasses.dataclass(frozen=True)
+class _PresetGeneration(Generation):
+    """Generation options with a preset applied (Generation.with_preset):
+    the preset's fields that no option has ride along."""
+
+    preset: Optional[Preset] = None
+
+    def _unflagged(self) -> dict[str, Any]:
+        sampling = self.preset.sampling if self.preset else {}
+        return {k: v for k, v in sampling.items() if k not in _OWN}
 
 
 def with_groups(fn: Callable) -> Callable:
@@ -186,7 +200,7 @@ def _expand(group: type, slot: inspect.Parameter) -> list[inspect.Parameter]:
     """The fields of `group` as parameters of the kind of `slot`."""
     hints = typing.get_type_hints(group, include_extras=True)
     return [inspect.Parameter(f.name, slot.kind, default=f.default, annotation=hints[f.name])
-            for f in dataclasses.fields(group) if f.metadata.get("option", True)]
+            for f in dataclasses.fields(group)]
 
 
 def _user_set(name: str) -> bool:
