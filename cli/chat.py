@@ -109,11 +109,11 @@ def chat(gen: o.Generation, model: o.ModelArg = None, *, decoding: o.Decoding) -
     Example: llmctl chat smollm2 --system "Answer briefly." --temperature 0.7
     """
     from llmctl.runtime.chat_session import ChatSession
-    from llmctl.runtime.llm import LLM
+    from llmctl.runtime.oneshot import load_for
 
     params = gen.sampling()
     note_base_model(model)
-    with LLM.load(model, gen.load(**decoding.load_fields())) as llm:
+    with load_for(model, gen.load(**decoding.load_fields())) as llm:
         refusal = getattr(llm.template, "refusal", None)
         if refusal:
             raise UsageError(refusal)

@@ -75,14 +75,17 @@ def handle_errors(fn: Callable) -> Callable:
 
 
 def note_base_model(model: str | None) -> None:
-    """One line on stderr when models.toml calls `model` (None: the default)
-    a base model, which continues text rather than answering. Raises
-    nothing: a registry problem surfaces when the model is resolved."""
+    """One line on stderr when models.toml calls `model` (None: the default;
+    a preset: its model) a base model, which continues text rather than
+    answering. Raises nothing: a registry or preset problem surfaces when
+    the model is resolved."""
+    from llmctl.presets import find_preset
     from llmctl.store.registry import load_registry
     from llmctl.store.resolve import default_model_name
 
     try:
-        name = model or default_model_name()
+        preset = find_preset(model)
+        name = preset.model if preset else model or default_model_name()
         spec = load_registry().get(name)
     except LlmctlError:
         return

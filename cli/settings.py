@@ -100,9 +100,13 @@ def _leaf_map(config: ConfigFile, ctx: typer.Context, cmd: Any,
 
 
 def _check_tables(config: ConfigFile, group: Any) -> None:
+    """Every table names a command, or is a valid preset. Raises ConfigError."""
+    from llmctl.presets import PRESETS, load_presets
+
+    load_presets(config)
     for table, settings in config.tables.items():
-        if table and table[0] == "presets":
-            raise config.error(table, next(iter(settings)), "presets are not supported yet")
+        if table[:1] == (PRESETS,):
+            continue
         cmd = group
         for depth, name in enumerate(table):
             cmd = getattr(cmd, "commands", {}).get(name)
@@ -117,7 +121,7 @@ def apply_config(ctx: typer.Context) -> None:
     """Give the invoked command the config file's defaults. Raises
     ConfigError for a bad file, table, key or value."""
     config = load_config()
-    if not config.tables or not ctx.invoked_subcommand:
+    if not (config.tables or config.headers) or not ctx.invoked_subcommand:
         return
     group = ctx.command
     _check_tables(config, group)
@@ -152,6 +156,22 @@ def _effective(config: ConfigFile, ctx: typer.Context, path: Table, cmd: Any) ->
         rows[key] = {"value": value.value if isinstance(value, Enum) else value,
                      "source": source}
     return rows
+
+
+def _presets(config: ConfigFile) -> dict[str, dict]:
+    """The config file's presets as `config show` lists them. Raises
+    ConfigError for a bad preset."""
+    from llmctl.presets import PRESETS, load_presets
+
+    return {name: {"model": p.model, "description": p.description,
+                   "source": f"{config.path}:{config.headers.get((PRESETS, name), 1)}"}
+            for name, p in load_presets(config).items()}
+
+
+def _print_presets(presets: dict[str, dict]) -> None:
+    for name, preset in presets.items():
+        about = f" ({preset['description']})" if preset["description"] else ""
+        out.print(f"preset {name}: {preset['model']}{about}", markup=False)
 
 
 @handle_errors
@@ -193,10 +213,13 @@ def show(
             report[" ".join(path)] = rows
     if wanted and not report:
         raise ConfigError(f"no command `{' '.join(wanted)}`")
+    presets = _presets(config)
     if json:
-        print_json({"file": str(config.path), "exists": config.exists, "commands": report})
+        print_json({"file": str(config.path), "exists": config.exists, "commands": report,
+                    **({"presets": presets} if presets else {})})
         return
     out.print(f"config file: {config.path}{'' if config.exists else ' (none)'}", markup=False)
+    _print_presets(presets)
     if not any(report.values()):
         out.print("every setting is at its built-in default")
         return

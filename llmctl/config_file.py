@@ -63,6 +63,7 @@ class ConfigFile:
 
     path: Path
     tables: dict[Table, dict[str, Setting]] = field(default_factory=dict)
+    headers: dict[Table, int] = field(default_factory=dict)    # each [table]'s line
 
     @property
     def exists(self) -> bool:
@@ -71,7 +72,7 @@ class ConfigFile:
     def error(self, table: Table, key: str, reason: str) -> ConfigError:
         """The one-line error for `key` of `table`."""
         setting = self.tables.get(table, {}).get(key)
-        line = setting.line if setting else 1
+        line = setting.line if setting else self.headers.get(table, 1)
         name = ".".join((*table, key))
         return ConfigError(f"{self.path}:{line}: {name}: {reason}")
 
@@ -102,7 +103,7 @@ def load_config(path: Path | None = None) -> ConfigFile:
         raise ConfigError(f"{path}:{line.group(1) if line else 1}: not valid TOML: "
                           f"{str(e).split(' (at ')[0]}") from e
     config = ConfigFile(path)
-    lines = _key_lines(text)
+    lines = _key_lines(text, config.headers)
     _gather(config, data, (), lines)
     return config
 
@@ -111,7 +112,7 @@ def _gather(config: ConfigFile, data: dict, table: Table,
             lines: dict[tuple[Table, str], int]) -> None:
     settings: dict[str, Setting] = {}
     for key, value in data.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and not _value_table(table, key):
             _gather(config, value, (*table, key), lines)
             continue
         name = key.replace("_", "-")
@@ -123,15 +124,24 @@ def _gather(config: ConfigFile, data: dict, table: Table,
         config.tables[table] = settings
 
 
-def _key_lines(text: str) -> dict[tuple[Table, str], int]:
+def _value_table(table: Table, key: str) -> bool:
+    """Whether `key` of `table` is one setting whose value is a table (a
+    preset's template variables, which keep their own spelling) rather than
+    a table of settings."""
+    return table[:1] == ("presets",) and len(table) == 2 and \
+        key.replace("_", "-") == "chat-template-kwargs"
+
+
+def _key_lines(text: str, headers: dict[Table, int]) -> dict[tuple[Table, str], int]:
     """Where each `key =` of each [table] is, for the error messages
-    (tomllib gives values, not lines)."""
+    (tomllib gives values, not lines); each header's line goes in `headers`."""
     found: dict[tuple[Table, str], int] = {}
     table: Table = ()
     for n, line in enumerate(text.splitlines(), 1):
         header = _HEADER.match(line)
         if header:
             table = tuple(part.strip().strip("\"'") for part in header.group(1).split("."))
+            headers.setdefault(table, n)
             continue
         key = _KEY.match(line)
         if key:

@@ -7,7 +7,7 @@ import asyncio
 import queue
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from llmctl import config
 from llmctl.errors import ContextOverflow, InvalidParams, UsageError
@@ -21,7 +21,7 @@ from llmctl.runtime.engine.loop import Engine
 from llmctl.runtime.engine.sequence import Sequence
 from llmctl.runtime.engine.stats import Stats
 from llmctl.runtime.formats.reasoning import THINK_OPEN, opens_thought
-from llmctl.runtime.formats.template import normalize_messages
+from llmctl.runtime.formats.template import ChatTemplate, normalize_messages
 from llmctl.runtime.formats.template_source import choose_template
 from llmctl.runtime.formats.tool_calls import ToolFormat
 from llmctl.runtime.llama import LlamaModel, render_builtin, supports_gpu_offload
@@ -138,6 +138,8 @@ class LLM:
             raise
         self.prefix_cache: PrefixCache | None = self.engine.prefix_cache
         self._bridges: dict[int, EventBridge] = {}
+        self._templates: dict[str, ChatTemplate] = {}   # presets' templates by their text
+        self._variables: dict[str, Any] = {}            # set_chat_format's
 
     def _load_draft(self) -> LlamaModel | None:
         """The draft model of `--spec draft`, loaded and checked. Raises
@@ -214,14 +216,40 @@ class LLM:
 
     # ---- prompts ----------------------------------------------------------------
 
+    def chat_template(self, source: str | None = None) -> ChatTemplate:
+        """The model's chat template, or for `source` (a preset's template
+        text) that template with the model's BOS and EOS, compiled once per
+        text. Raises TemplateError for text that is not valid Jinja."""
+        if source is None:
+            return self.template
+        template = self._templates.get(source)
+        if template is None:
+            template = self._templates[source] = ChatTemplate(
+                source, bos_token=self.template.bos_token, eos_token=self.template.eos_token)
+        return template
+
+    def set_chat_format(self, source: str | None, variables: Mapping[str, Any] | None) -> None:
+        """Render every later chat with template text `source` (None: the
+        model's) and template `variables`, for a caller that owns this LLM
+        (`chat`, `run` with a preset); a shared one gets them per call of
+        chat_tokens. Raises TemplateError for text that is not valid Jinja."""
+        self.template = self.chat_template(source)
+        self._variables = dict(variables or {})
+
     def chat_tokens(self, messages: list[dict], tools: list[dict] | None = None,
-                    thinking: bool | None = None) -> list[int]:
-        """Tokens of a conversation rendered by the model's chat template,
+                    thinking: bool | None = None, *, template: str | None = None,
+                    variables: Mapping[str, Any] | None = None) -> list[int]:
+        """Tokens of a conversation rendered by the model's chat template
+        (or the one `template` text makes, with template `variables`),
         with `tools` offered to it and its thought on or off (`thinking`;
         None: the template's default). Raises InvalidParams for malformed
-        messages or tools, or tools the template can't render."""
-        return self.text_tokens(self.template.render(normalize_messages(messages), tools,
-                                                     thinking=thinking))
+        messages or tools, or tools the template can't render, and
+        TemplateError for a template that fails."""
+        chosen = self.chat_template(template)
+        return self.text_tokens(chosen.render(normalize_messages(messages), tools,
+                                              thinking=thinking,
+                                              variables=self._variables if variables is None
+                                              else variables))
 
     def text_tokens(self, text: str) -> list[int]:
         """Tokens of a prompt text. Raises InvalidParams for a non-string and

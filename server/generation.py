@@ -23,8 +23,10 @@ from starlette.background import BackgroundTask
 
 from llmctl import config
 from llmctl.errors import InvalidParams
+from llmctl.presets import Preset
 from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent
 from llmctl.runtime.engine.logprobs import TokenLogprob
+from llmctl.runtime.formats.reasoning import THINK_OPEN
 from llmctl.runtime.formats.tool_calls import ToolFormat
 from llmctl.runtime.llm import LLM, AsyncStream
 from llmctl.runtime.pool.model_pool import Lease
@@ -87,7 +89,7 @@ class GenerationRequest:
 class PromptFacts:
     """What the leased model and the rendered prompt say about reading the answer."""
 
-    model: str                      # the leased model's name
+    model: str                      # the preset's name, else the leased model's
     tool_format: ToolFormat
     thinks: bool                    # the chat template knows <think>
     started_in_thought: bool        # the prompt ends inside an open thought
@@ -97,7 +99,7 @@ class PromptFacts:
 class Generation:
     """What a protocol's frames are written from."""
 
-    model: str                      # the leased model's name
+    model: str                      # the name answers show: the preset's, else the model's
     leased_at: float                # time.monotonic() once the model was held
     setup: ToolSetup | None         # how to read each answer; None: plain text
     params: SamplingParams
@@ -172,14 +174,19 @@ async def parse_generation(request: Request, converting: tuple[str, ...],
                            parse: Callable[[dict, bool, SamplingParams], R],
                            chat: bool) -> tuple[ServerState, R]:
     """The server's state and `parse(body, chat, defaults)` of the request's
-    body. Fields that become grammars (`converting`) are CPU work of
+    body, `defaults` being the server's with the preset the body's `model`
+    names (or the default preset) over them. Fields that become grammars (`converting`) are CPU work of
     unbounded cost: the parse runs on the parse workers, never on the loop,
     and is a 400 past their deadline. Raises what json_body, parse and
     parse_within_deadline raise."""
     state = state_of(request)
     body = await json_body(request)
+    # A preset's defaults sit between the request's own fields and the server's.
+    model = body.get("model")
+    preset = state.preset(model if isinstance(model, str) else None)
+    defaults = preset.params(state.defaults) if preset else state.defaults
     req = await parse_within_deadline(state.workers, converting_field(body, converting),
-                                      parse, body, chat, state.defaults)
+                                      parse, body, chat, defaults)
     return state, req
 
 
@@ -198,17 +205,19 @@ async def _on_lease(request: Request, state: ServerState, req: GenerationRequest
                     dialect: Dialect, held: tuple[Lease, float]) -> Response:
     lease, leased_at = held
     llm = lease.llm
+    preset = state.preset(req.model)
+    name = preset.name if preset else lease.name        # what the client asked for
+    template = llm.chat_template(preset.template if preset else None)
     params = dialect.sampling(llm.n_ctx)
     # Tools become a grammar only now, for this model's format: off the loop too.
     params = await parse_within_deadline(state.workers, "tools" if req.structured.tools else None,
-                                         req.structured.sampling, params, llm.tool_format)
+                                         req.structured.sampling, params, template.tool_format)
     # Rendering and tokenizing a large prompt takes a while: off the loop.
-    tokens = await run_on(state.workers.render, prompt_tokens, llm, req.prompt)
+    tokens = await run_on(state.workers.render, prompt_tokens, llm, req.prompt, preset)
     params = dialect.fit(params, len(tokens), llm.n_ctx)
-    setup = dialect.reading(PromptFacts(lease.name, llm.tool_format, llm.thinks,
+    setup = dialect.reading(PromptFacts(name, template.tool_format, THINK_OPEN in template.source,
                                         llm.opens_thought(tokens)))
-    frames = dialect.frames(Generation(lease.name, leased_at, setup, params, req.n,
-                                       len(tokens)))
+    frames = dialect.frames(Generation(name, leased_at, setup, params, req.n, len(tokens)))
     merged = Merged(open_streams(llm, tokens, params, req.n))
     watcher = asyncio.create_task(cancel_on_disconnect(request, merged.streams))
     if req.stream:
@@ -227,12 +236,18 @@ async def _on_lease(request: Request, state: ServerState, req: GenerationRequest
     return JSONResponse(frames.body(answers))
 
 
-def prompt_tokens(llm: LLM, prompt: Prompt) -> list[int]:
-    """The tokens of `prompt` on `llm` (blocking: rendering takes a while).
-    Raises InvalidParams (param "prompt" for ids outside the vocabulary)
-    and ContextOverflow, as LLM.chat_tokens and LLM.text_tokens do."""
+def prompt_tokens(llm: LLM, prompt: Prompt, preset: Preset | None = None) -> list[int]:
+    """The tokens of `prompt` on `llm` (blocking: rendering takes a while),
+    a chat with `preset`'s system prompt (where it has none), template and
+    template variables. Raises InvalidParams (param "prompt" for ids
+    outside the vocabulary), ContextOverflow and TemplateError, as
+    LLM.chat_tokens and LLM.text_tokens do."""
     if isinstance(prompt, ChatPrompt):
-        return llm.chat_tokens(prompt.messages, prompt.tools, prompt.thinking)
+        if preset is None:
+            return llm.chat_tokens(prompt.messages, prompt.tools, prompt.thinking)
+        return llm.chat_tokens(preset.with_system(prompt.messages), prompt.tools,
+                               prompt.thinking, template=preset.template,
+                               variables=preset.template_kwargs)
     if isinstance(prompt, TextPrompt):
         return llm.text_tokens(prompt.text)
     if not all(t < llm.n_vocab for t in prompt.ids):

@@ -29,13 +29,15 @@ async def health(request: Request):
 
 @router.get("/v1/models")
 async def models(request: Request):
-    """The models this server serves now: those loaded and those named on
-    its command line. /api/tags lists every model in the store."""
+    """The models this server serves now: those loaded, those named on
+    its command line, and the config file's presets. /api/tags lists every
+    model in the store."""
     state = state_of(request)
-    names = dict.fromkeys([e.name for e in state.pool.loaded()] + state.pool.named())
+    names = dict.fromkeys([e.name for e in state.pool.loaded()] + state.pool.named()
+                          + list(state.presets))
     return {"object": "list", "data": [{"id": name, "object": "model",
                                          "created": int(state.started), "owned_by": "llmctl",
-                                         **_context(state.pool, name)}
+                                         **_context(state.pool, state.model_of(name) or name)}
                                         for name in names]}
 
 

@@ -86,14 +86,21 @@ def check_port(host: str, port: int) -> None:
 def serve(model: str | None, host: str, port: int, load: LoadOptions,
           policy: HttpPolicy | None = None, on_ready: Callable[[str], None] | None = None,
           settings: PoolSettings | None = None) -> None:
-    """Serve until interrupted. With `model` it is loaded at start and kept
-    (LRU eviction aside); without, models load on their first request.
-    Raises UsageError (port in use) and what resolving `model` raises."""
+    """Serve until interrupted. With `model` (a model, or a preset of the
+    config file, whose model is loaded and which requests that name none
+    get) it is loaded at start and kept (LRU eviction aside); without,
+    models load on their first request. Raises UsageError (port in use),
+    ConfigError (a bad preset) and what resolving `model` raises."""
     import uvicorn
+
+    from llmctl.config_file import load_config
+    from llmctl.presets import load_presets
 
     settings = settings or PoolSettings()
     check_settings()
-    resolved = resolve_model(model) if model else None
+    presets = load_presets(load_config())
+    preset = presets.get(model) if model else None
+    resolved = resolve_model(preset.model if preset else model) if model else None
     if resolved is not None:
         check_draft(resolved, load)     # a bad draft pair fails now, not after listening
     check_port(host, port)
@@ -104,7 +111,8 @@ def serve(model: str | None, host: str, port: int, load: LoadOptions,
         pool.add_named(resolved, *_aliases(resolved.name, resolved.path.stem))
     # Without a model on the command line, a request that names none gets
     # the registry's default (loaded on demand, like any other).
-    state = ServerState(pool, default=resolved.name if resolved else default_model_name(),
+    default = preset.name if preset else resolved.name if resolved else default_model_name()
+    state = ServerState(pool, default=default, presets=presets,
                         policy=policy or HttpPolicy(), preloading=resolved is not None,
                         reasoning_format=settings.reasoning_format)
     app = create_app(state, bind_host=host)

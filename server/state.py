@@ -22,6 +22,7 @@ from llmctl.server.workers import Workers, run_on
 if TYPE_CHECKING:
     import concurrent.futures as cf
 
+    from llmctl.presets import Preset
     from llmctl.runtime.llm import LLM
     from llmctl.store.resolve import ResolvedModel
 
@@ -45,7 +46,8 @@ class ServerState:
     the HTTP policy, sampling defaults, the reasoning format and the preload's state."""
 
     pool: ModelPool
-    default: str | None = None          # the model of a request that names none
+    default: str | None = None          # the model (or preset) of a request that names none
+    presets: dict[str, Preset] = field(default_factory=dict)   # the config file's, by name
     policy: HttpPolicy = field(default_factory=HttpPolicy)
     defaults: SamplingParams = field(default_factory=SamplingParams)
     reasoning_format: str = "auto"      # --reasoning-format; a request may name its own
@@ -64,15 +66,28 @@ class ServerState:
         pool.adopt(llm.resolved, llm)
         return cls(pool, default=llm.name, **kwargs)
 
+    def preset(self, model: str | None) -> Preset | None:
+        """The preset a request's `model` names (None: the default), with
+        Ollama's tag dropped; None when it names a model. Raises nothing."""
+        name = model or self.default
+        return self.presets.get(untagged(name)) if name else None
+
+    def model_of(self, model: str | None) -> str | None:
+        """The model a request's `model` means: a preset's own model, else
+        `model` itself (None: the default). Raises nothing."""
+        preset = self.preset(model)
+        return preset.model if preset else (model or self.default)
+
     async def lease(self, model: str | None, keep_alive: object = None) -> Lease:
-        """A lease on the model a request names (the default when None),
-        loaded if needed; waiting for it holds no thread. `keep_alive` is
+        """A lease on the model a request names (the default when None; a
+        preset's own model for a preset, so presets over one model share
+        it), loaded if needed; waiting for it holds no thread. `keep_alive` is
         the request's raw value. Raises InvalidParams for a bad keep_alive,
         ModelLoading when no model is named and none is the default,
         EngineFailed for a dead or wedged engine, ModelNotFound (param "model"),
         ModelsBusy after the pool's wait, and what loading raises."""
         keep = request_keep_alive(keep_alive)
-        name = model or self.default
+        name = self.model_of(model)
         if name is None:
             raise ModelLoading("no model is named in the request and the server has no default")
         lease = self.pool.acquire_loaded(untagged(name), keep)

@@ -14,7 +14,7 @@ import json
 import re
 from datetime import datetime
 from functools import cached_property, lru_cache
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Mapping
 
 from jinja2 import TemplateError as JinjaTemplateError
 from jinja2.exceptions import SecurityError
@@ -121,9 +121,12 @@ class ChatTemplate:
         return _USES_TOOLS.search(self.source) is not None
 
     def render(self, messages: list[dict], tools: list[dict] | None = None, *,
-               add_generation_prompt: bool = True, thinking: bool | None = None) -> str:
+               add_generation_prompt: bool = True, thinking: bool | None = None,
+               variables: Mapping[str, Any] | None = None) -> str:
         """The prompt for `messages` (as normalize_messages returns them) and
-        `tools` (the request's, validated here; None or [] for none).
+        `tools` (the request's, validated here; None or [] for none), with
+        `variables` (a preset's chat_template_kwargs) beside the standard
+        ones; `thinking`'s switch wins over theirs.
         Raises InvalidParams(param="tools") for malformed tools or tools
         given to a template that does not support them,
         InvalidParams(param="messages") for tool calls in the history of
@@ -139,8 +142,9 @@ class ChatTemplate:
         if "developer" not in self.source:
             messages = [{**m, "role": "system"} if m.get("role") == "developer" else m
                         for m in messages]
-        extra = {} if thinking is None or self.thinking != "switch" else \
-            {"enable_thinking": thinking}
+        extra = dict(variables or {})
+        if thinking is not None and self.thinking == "switch":
+            extra["enable_thinking"] = thinking
         prompt = self._render(messages=messages, tools=tools or None,
                               add_generation_prompt=add_generation_prompt,
                               bos_token=self.bos_token, eos_token=self.eos_token, **extra)
@@ -203,7 +207,8 @@ class NoTemplate(ChatTemplate):
         self.eos_token = eos_token
 
     def render(self, messages: list[dict], tools: list[dict] | None = None, *,
-               add_generation_prompt: bool = True, thinking: bool | None = None) -> str:
+               add_generation_prompt: bool = True, thinking: bool | None = None,
+               variables: Mapping[str, Any] | None = None) -> str:
         raise InvalidParams(self.refusal, param="model")
 
 

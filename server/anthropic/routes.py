@@ -48,7 +48,8 @@ async def count_tokens(request: Request) -> Response:
     lease = await state.lease(req.model)
 
     async def count() -> Response:
-        tokens = await run_on(state.workers.render, gen.prompt_tokens, lease.llm, _prompt(req))
+        tokens = await run_on(state.workers.render, gen.prompt_tokens, lease.llm, _prompt(req),
+                              state.preset(req.model))
         return JSONResponse({"input_tokens": len(tokens)})
 
     return _named(await leased(lease, count()), req, lease.llm.thinks)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from fastapi import APIRouter, Request
@@ -63,23 +64,31 @@ def _listing(resolved: ResolvedModel) -> dict:
             "size": size, "digest": digest or "", "details": details}
 
 
-def _local_models(named: list[ResolvedModel]) -> list[dict]:
+def _local_models(named: list[ResolvedModel], presets: dict[str, str]) -> list[dict]:
     """Every model in the store whose file is there, and those given on the
-    command line, each once."""
+    command line, each once; then each preset (name -> its model) whose
+    model is among them, as that model under the preset's name."""
     found = {e.name: ResolvedModel(e.name, Path(e.path), entry=e)
              for e in StoreIndex().list() if Path(e.path).is_file()}
     for resolved in named:
         found.setdefault(resolved.name, resolved)
-    return [_listing(r) for r in found.values()]
+    listings = {name: _listing(r) for name, r in found.items()}
+    for preset, model in presets.items():
+        if model in listings:
+            base = listings[model]
+            listings.setdefault(preset, {**base, "name": preset, "model": preset,
+                                         "details": {**base["details"], "parent_model": model}})
+    return list(listings.values())
 
 
 @router.get("/api/tags")
 async def tags(request: Request):
-    """GET /api/tags: the models in the store and those on the command line, in
-    Ollama's shape."""
-    pool = state_of(request).pool
-    named = [pool.resolve(name) for name in pool.named()]
-    return {"models": await run_on(state_of(request).workers.query, _local_models, named)}
+    """GET /api/tags: the models in the store and those on the command line,
+    and the presets over them, in Ollama's shape."""
+    state = state_of(request)
+    named = [state.pool.resolve(name) for name in state.pool.named()]
+    presets = {name: p.model for name, p in state.presets.items()}
+    return {"models": await run_on(state.workers.query, _local_models, named, presets)}
 
 
 def _running(entry: Loaded, llm: LLM) -> dict:
@@ -177,10 +186,16 @@ async def show(request: Request):
     Answers 400 without a model name and 404 (ModelNotFound) for an unknown one."""
     state = state_of(request)
     name = _model_name(await json_body(request))
-    resolved = await run_on(state.workers.resolve, resolve_request, state.pool, name)
+    preset = state.preset(name)
+    resolved = await run_on(state.workers.resolve, resolve_request, state.pool,
+                            state.model_of(name))
     entry = state.pool.get(resolved.name)
     n_ctx = entry.llm.n_ctx if entry is not None and entry.llm is not None else None
-    return await run_on(state.workers.query, _show, resolved, state.defaults, n_ctx)
+    if preset is None:
+        return await run_on(state.workers.query, _show, resolved, state.defaults, n_ctx)
+    shown = replace(resolved, template=preset.template or resolved.template)
+    body = await run_on(state.workers.query, _show, shown, preset.params(state.defaults), n_ctx)
+    return {**body, "system": preset.system or ""}
 
 
 def _texts(value) -> list[str]:

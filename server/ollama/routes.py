@@ -121,7 +121,7 @@ async def _load_or_unload(state: ServerState, req: _Request) -> Response:
     if name is None:
         raise InvalidParams("'model' is required", param="model")
     if keep_alive_is_zero(req.keep_alive):
-        await run_on(state.workers.query, unload_request, state.pool, name)
+        await run_on(state.workers.query, unload_request, state.pool, state.model_of(name))
         reason = "unload"
     else:
         (await state.lease(name, req.keep_alive)).release()

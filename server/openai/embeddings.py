@@ -92,7 +92,9 @@ async def embeddings(request: Request):
     OpenAI's shape. Answers 400 (InvalidParams) for a bad field, and what
     ServerState.lease and embed_texts raise."""
     req = parse_embedding_request(await json_body(request))
-    lease = await state_of(request).lease(req.model, req.keep_alive)
+    state = state_of(request)
+    preset = state.preset(req.model)
+    lease = await state.lease(req.model, req.keep_alive)
     try:
         embed, items = (embed_texts, req.texts) if req.texts is not None else \
             (embed_tokens, req.tokens)
@@ -103,5 +105,5 @@ async def embeddings(request: Request):
     return {"object": "list",
             "data": [{"object": "embedding", "index": i, "embedding": _encode(v, req.base64)}
                      for i, v in enumerate(vectors)],
-            "model": lease.name,
+            "model": preset.name if preset else lease.name,
             "usage": {"prompt_tokens": n_prompt, "total_tokens": n_prompt}}

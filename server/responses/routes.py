@@ -105,7 +105,8 @@ async def input_tokens(request: Request) -> dict:
     _, req = await _parse(request)
     state = state_of(request)
     with await state.lease(req.model, req.keep_alive) as lease:
-        tokens = await run_on(state.workers.render, gen.prompt_tokens, lease.llm, _prompt(req))
+        tokens = await run_on(state.workers.render, gen.prompt_tokens, lease.llm, _prompt(req),
+                              state.preset(req.model))
     return {"object": "response.input_tokens", "input_tokens": len(tokens)}
 
 
