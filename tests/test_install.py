@@ -155,7 +155,9 @@ sha256 = "{'0' * 64}"
 
 def cli(world, home: Path, *args: str, index: str | None = None,
         extra: dict | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    # No PIP_* of ours, and no LLMCTL_MODEL: the test registry's default answers.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PIP_") and k != "LLMCTL_MODEL"}
     env.update(PIP_INDEX_URL=index or world["index"].url, PIP_NO_CACHE_DIR="1",
                PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1",
                LLMCTL_HOME=str(home), LLMCTL_MODELS_TOML=str(world["toml"]),
