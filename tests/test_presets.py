@@ -121,6 +121,23 @@ def test_run_applies_a_preset_under_the_users_flags(config):
     assert _run("terse", "Hi")["text"] == first["text"]
 
 
+def _chat_stats(*args: str) -> str:
+    result = runner.invoke(app, ["chat", *args, "--ctx-size", "256", "--seed", "1"],
+                           input="Hi\n/stats\n")
+    assert result.exit_code == 0, result.output
+    return next(line for line in result.stdout.splitlines() if line.startswith("prompt "))
+
+
+def test_chat_applies_a_presets_defaults_and_system_prompt(config):
+    config.write_text(PRESETS)
+    assert "generated 3 tok" in _chat_stats("terse")
+    # The preset's system prompt is the one --system would give.
+    prompt = _chat_stats("chatty", "--max-tokens", "1").split(" tok")[0]
+    assert prompt == _chat_stats("smollm2", "--system", "You are a pirate.",
+                                 "--max-tokens", "1").split(" tok")[0]
+    assert prompt != _chat_stats("smollm2", "--max-tokens", "1").split(" tok")[0]
+
+
 def test_completion_offers_preset_names(config):
     config.write_text(PRESETS)
     result = runner.invoke(app, [], prog_name="llmctl", env={
