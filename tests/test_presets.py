@@ -204,6 +204,9 @@ def test_two_presets_share_one_model_and_its_prefix_cache(url):
     reply = local.chat(model="creative", messages=SHARED[1:])
     assert reply.model == "creative" and reply.eval_count <= 8 and reply.done_reason == "length"
     assert len(httpx.get(url + "/api/ps").json()["models"]) == 1
+    # The chat page picks presets like models, loaded when their model is.
+    page = {m["name"]: m for m in httpx.get(url + "/webui/models").json()["models"]}
+    assert page["creative"]["loaded"] and page["creative"]["preset_of"] == "smollm2"
 
 
 @pytest.mark.slow

@@ -86,7 +86,7 @@ def _available(spec: RegistryModel) -> bool:
 
 def _catalogue(state: ServerState) -> list[dict]:
     """Every model a request may name without a download, loaded ones first
-    with their planned memory (weights plus KV cache)."""
+    with their planned memory (weights plus KV cache), then the presets."""
     found: dict[str, dict] = {}
     for e in state.pool.loaded():
         found[e.name] = {"name": e.name, "loaded": e.llm is not None, "loading": e.loading,
@@ -95,6 +95,10 @@ def _catalogue(state: ServerState) -> list[dict]:
     names += [n for n, spec in load_registry().models.items() if _available(spec)]
     for name in names:
         found.setdefault(name, {"name": name, "loaded": False, "loading": False, "bytes": None})
+    # A preset is picked like a model, and is loaded when its model is.
+    for name, preset in state.presets.items():
+        model = found.get(preset.model, {"loaded": False, "loading": False, "bytes": None})
+        found[name] = {**model, "name": name, "preset_of": preset.model}
     return list(found.values())
 
 
