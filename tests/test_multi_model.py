@@ -26,6 +26,13 @@ ARGS = ["--ctx-size", "1024", "--max-num-seqs", "2", "--threads", "1"]
 LONG = "You are a careful assistant who answers in one short sentence. " * 24
 
 
+@pytest.fixture(autouse=True)
+def _no_model_at_start(monkeypatch):
+    # These servers start with no model, loading each on demand; conftest's
+    # LLMCTL_MODEL would fill serve's MODEL argument and load one at start.
+    monkeypatch.delenv("LLMCTL_MODEL", raising=False)
+
+
 @pytest.fixture(scope="module")
 def budget(session_home):
     # As the server loads them: serve's defaults include moving cached runs.
