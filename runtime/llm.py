@@ -20,7 +20,7 @@ from llmctl.runtime.engine.logprobs import TokenLogprob
 from llmctl.runtime.engine.loop import Engine
 from llmctl.runtime.engine.sequence import Sequence
 from llmctl.runtime.engine.stats import Stats
-from llmctl.runtime.formats.reasoning import THINK_OPEN, opens_thought
+from llmctl.runtime.formats.reasoning import opens_thought
 from llmctl.runtime.formats.template import ChatTemplate, normalize_messages
 from llmctl.runtime.formats.template_source import choose_template
 from llmctl.runtime.formats.tool_calls import ToolFormat
@@ -183,7 +183,7 @@ class LLM:
     @property
     def thinks(self) -> bool:
         """Whether the chat template knows a <think> block."""
-        return THINK_OPEN in self.template.source
+        return self.template.thinks
 
     def opens_thought(self, tokens: list[int]) -> bool:
         """Whether a prompt of `tokens` ends inside an open <think> block

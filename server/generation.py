@@ -26,7 +26,6 @@ from llmctl.errors import InvalidParams
 from llmctl.presets import Preset
 from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent
 from llmctl.runtime.engine.logprobs import TokenLogprob
-from llmctl.runtime.formats.reasoning import THINK_OPEN
 from llmctl.runtime.formats.tool_calls import ToolFormat
 from llmctl.runtime.llm import LLM, AsyncStream
 from llmctl.runtime.pool.model_pool import Lease
@@ -215,7 +214,7 @@ async def _on_lease(request: Request, state: ServerState, req: GenerationRequest
     # Rendering and tokenizing a large prompt takes a while: off the loop.
     tokens = await run_on(state.workers.render, prompt_tokens, llm, req.prompt, preset)
     params = dialect.fit(params, len(tokens), llm.n_ctx)
-    setup = dialect.reading(PromptFacts(name, template.tool_format, THINK_OPEN in template.source,
+    setup = dialect.reading(PromptFacts(name, template.tool_format, template.thinks,
                                         llm.opens_thought(tokens)))
     frames = dialect.frames(Generation(name, leased_at, setup, params, req.n, len(tokens)))
     merged = Merged(open_streams(llm, tokens, params, req.n))

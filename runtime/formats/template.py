@@ -87,6 +87,11 @@ class ChatTemplate:
         """The tool-call syntax this template teaches the model."""
         return detect_format(self.source)
 
+    @property
+    def thinks(self) -> bool:
+        """Whether the template knows a <think> block."""
+        return THINK_OPEN in self.source
+
     @cached_property
     def thinking(self) -> ThinkingKind | None:
         """How the template thinks: "switch" (it reads `enable_thinking`,
@@ -150,7 +155,7 @@ class ChatTemplate:
                               bos_token=self.bos_token, eos_token=self.eos_token, **extra)
         if thinking is not False or not add_generation_prompt:
             return prompt
-        return _closed_thought(prompt, self.thinking, THINK_OPEN in self.source)
+        return _closed_thought(prompt, self.thinking, self.thinks)
 
     def _render(self, **variables: Any) -> str:
         try:
