@@ -168,7 +168,8 @@ chat-template-kwargs = { lead = "Q: " }
 """
 # Long enough that the prefix cache keeps some of it for the second preset.
 SHARED = [{"role": "system", "content": "You are a careful assistant. " * 20},
-          {"role": "user", "content": "Name a colour."}]
+          # An answer that cannot end within 8 tokens, even sampled at 0.9.
+          {"role": "user", "content": "Count from 1 to 100, separated by commas."}]
 
 
 @pytest.fixture(scope="module")
