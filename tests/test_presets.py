@@ -168,7 +168,7 @@ chat-template-kwargs = { lead = "Q: " }
 """
 # Long enough that the prefix cache keeps some of it for the second preset.
 SHARED = [{"role": "system", "content": "You are a careful assistant. " * 20},
-          # An answer that cannot end within 8 tokens, even sampled at 0.9.
+          # An answer that cannot end within 8 tokens.
           {"role": "user", "content": "Count from 1 to 100, separated by commas."}]
 
 
@@ -188,7 +188,9 @@ def url(session_home, tmp_path_factory):
 @pytest.mark.slow
 def test_two_presets_share_one_model_and_its_prefix_cache(url):
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
-    first = client.chat.completions.create(model="creative", messages=SHARED)
+    # temperature 0 (the request's own, over the preset's 0.9) keeps the
+    # answer from ending by chance before the preset's 8 tokens.
+    first = client.chat.completions.create(model="creative", messages=SHARED, temperature=0)
     assert first.model == "creative"
     assert (first.choices[0].finish_reason, first.usage.completion_tokens) == ("length", 8)
     # The other preset, the same messages: the same model's cache, the request's max_tokens.
@@ -202,7 +204,7 @@ def test_two_presets_share_one_model_and_its_prefix_cache(url):
     assert {"strict", "creative", "bare"} <= ids
     local = ollama.Client(host=url)
     assert {"strict", "creative"} <= {m.model for m in local.list().models}
-    reply = local.chat(model="creative", messages=SHARED[1:])
+    reply = local.chat(model="creative", messages=SHARED[1:], options={"temperature": 0})
     assert reply.model == "creative" and reply.eval_count <= 8 and reply.done_reason == "length"
     assert len(httpx.get(url + "/api/ps").json()["models"]) == 1
     # The chat page picks presets like models, loaded when their model is.
