@@ -16,6 +16,7 @@ median of its rounds (this machine moves one arm by 10-20% between runs).
 
     .venv/bin/python scripts/bench_spec_auto.py [--models qwen2.5-coder-0.5b,...]
         [--tokens 192] [--levels 4,16] [--rounds 2] [--json FILE] [--skip-peers]
+        [--variant NAME=FLAGS ...]
 """
 
 from __future__ import annotations
@@ -136,8 +137,12 @@ def report(model: str, results: dict, levels: list[int]) -> None:
         print(f"{label:18}{cells}{auto[name]['decode_tok_s'] / off[name]['decode_tok_s']:>10.2f}")
     ratios = {n: auto[n]["decode_tok_s"] / off[n]["decode_tok_s"] for n in auto}
     kinds = [k for k in KINDS if _of(ratios, k)]
-    print(f"auto/off: min {min(ratios.values()):.2f}, per kind median "
-          + ", ".join(f"{k} {statistics.median(_of(ratios, k)):.2f}" for k in kinds))
+    for arm in arms:
+        if arm.startswith("llmctl ") and arm != "llmctl off":
+            r = _rates(results[arm]["single"])
+            r = {n: r[n] / off[n]["decode_tok_s"] for n in r}
+            print(f"{arm[7:]}/off: min {min(r.values()):.2f}, per kind median "
+                  + ", ".join(f"{k} {statistics.median(_of(r, k)):.2f}" for k in kinds))
     same = sum(auto[n]["text"] == off[n]["text"] for n in auto)
     print(f"auto's answers identical to plain decoding's: {same} of {len(auto)}")
     peers = [a for a in arms if a.startswith("llama-server")]
@@ -179,11 +184,17 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write the raw results here")
     ap.add_argument("--tasks", help="only these tasks (names, comma-separated)")
     ap.add_argument("--auto-flags", default="", help="more serve flags for the auto arm")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
+                    help="one more `--spec auto` arm with these serve flags, alternating "
+                         "with the others (repeatable)")
     args = ap.parse_args()
     global TASKS
     if args.tasks:
         TASKS = [t for t in TASKS if t[1] in args.tasks.split(",")]
     OURS["llmctl auto"] = [*OURS["llmctl auto"], *shlex.split(args.auto_flags)]
+    for v in args.variant:
+        name, _, flags = v.partition("=")
+        OURS[f"llmctl {name}"] = ["--spec", "auto", *shlex.split(flags)]
     args.levels = [int(x) for x in args.levels.split(",") if x]
     if args.skip_peers or not args.llama_server.exists():
         args.llama_server = None
