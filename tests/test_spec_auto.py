@@ -4,6 +4,8 @@ scheduler's budget under auto, and through the real engine: answers equal
 plain decoding's where this machine's kernels are exact, guesses that pay
 are checked, and guesses that don't are declined."""
 
+import math
+
 import pytest
 
 from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig
@@ -11,8 +13,9 @@ from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.speculation.adaptive import (
-    PROBE_EVERY,
+    PROBE_BUDGET,
     PROBE_GUESSES,
+    PROBE_MIN,
     TRUSTED,
     Candidate,
     Controller,
@@ -80,7 +83,7 @@ def test_expected_kept_is_geometric():
     assert expected_kept(0.5, 1) == 0.5
     assert expected_kept(0.5, 3) == pytest.approx(0.5 + 0.25 + 0.125)
     assert expected_kept(1.0, 4) == 4.0
-    assert [bucket(n) for n in (0, 2, 3, 4, 8, 17, 1000)] == [0, 1, 1, 2, 3, 4, 5]
+    assert [bucket(n) for n in (0, 2, 3, 4, 8, 17, 64, 200, 1000)] == [0, 1, 1, 2, 3, 4, 6, 7, 8]
 
 
 def test_a_sequence_history_grows_with_its_tokens():
@@ -103,11 +106,28 @@ def test_guesses_that_hold_are_checked_and_guesses_that_fail_are_not():
 
 
 def test_a_declining_sequence_probes_now_and_then():
-    ctl = controller(base=10.0, per_row=5.0)
+    ctl = controller(base=10.0, per_row=10.0)
     rec = evidence(1, kept=0, failed=50)
-    got = [ctl.trim(1, [Candidate(rec, [1, 2, 3, 4], 1)])[0] for _ in range(2 * PROBE_EVERY)]
-    assert got.count(PROBE_GUESSES) == 2 and got.count(0) == 2 * PROBE_EVERY - 2
-    assert got[PROBE_EVERY - 1] == PROBE_GUESSES
+    # A probe's 2 rows cost 20, a lone sequence's step 20: at 3% of the
+    # steps' time that is one probe per 33 declines.
+    every = ctl.probe_interval(1, 1)
+    assert every == pytest.approx(20.0 / (PROBE_BUDGET * 20.0))
+    assert every > PROBE_MIN
+    n = math.ceil(every)
+    got = [ctl.trim(1, [Candidate(rec, [1, 2, 3, 4], 1)])[0] for _ in range(2 * n)]
+    assert got.count(PROBE_GUESSES) == 2 and got.count(0) == 2 * n - 2
+    assert got[n - 1] == PROBE_GUESSES
+
+
+def test_probes_spend_a_bounded_share_of_a_full_batch():
+    # 16 sequences share a step; each one's probe costs 2 rows of 1 each.
+    ctl = controller(base=2.0, per_row=1.0)
+    every = ctl.probe_interval(16, 16)
+    share = ctl.costs.cost(16) / 16
+    assert every * PROBE_BUDGET * share == pytest.approx(ctl.costs.cost(18) - ctl.costs.cost(16))
+    assert every >= PROBE_MIN
+    # With nothing measured yet there is no probing at all.
+    assert Controller().probe_interval(1, 1) == math.inf
 
 
 def test_speculation_yields_to_a_full_batch_by_measure():

@@ -16,9 +16,13 @@ maximises the step's expected tokens per second, sequence by sequence,
 best evidence first. A full batch makes rows dear (the step already has
 many tokens to show for its time), so speculation yields to it by the
 same measure rather than by a fixed count of sequences. A sequence whose
-guesses do not pay stops guessing, and probes with a short guess every
-`PROBE_EVERY` declined proposals, so a task that turns repetitive (an
-answer that starts quoting its document) is noticed."""
+guesses do not pay stops guessing, and probes with a short guess now and
+then, so a task that turns repetitive (an answer that starts quoting its
+document) is noticed. Probes are paced by what they cost: together they
+spend at most PROBE_BUDGET of the steps' time, so a lone sequence, whose
+probe row costs most of a step, probes less often than one of a full
+batch, whose probe is a small share of it, and neither loses more than
+that share to them."""
 
 from __future__ import annotations
 
@@ -33,12 +37,15 @@ EWMA = 0.2
 TRUSTED = 8
 # How many checks the engine's counts weigh in a sequence's estimate.
 PRIOR_WEIGHT = 8.0
-# A declined proposal every this many is checked anyway (2 guesses).
-PROBE_EVERY = 16
+# Declined proposals are checked anyway (PROBE_GUESSES guesses) once their
+# probes would spend at most this share of the steps' time, and never more
+# often than every PROBE_MIN declines.
+PROBE_BUDGET = 0.03
+PROBE_MIN = 16
 PROBE_GUESSES = 2
 # A gain under this share of the step's rate is noise, not a reason to guess.
 MIN_GAIN = 0.05
-BUCKETS = 6
+BUCKETS = 9          # match lengths 1, 2-3, 4-7, ... 128-255, 256 (ngram.MATCH_MAX)
 # The engine's counts of a kind are halved past this many checks, so that
 # its prior follows the server's recent work rather than all of it.
 ENGINE_HORIZON = 2000.0
@@ -202,7 +209,7 @@ class Controller:
             k, gain = self._best(rows, tokens, c, n_rows)
             if k == 0:
                 c.record.declined += 1
-                if c.record.declined < PROBE_EVERY:
+                if c.record.declined < self.probe_interval(rows, n_rows):
                     continue
                 k = min(PROBE_GUESSES, len(c.guesses))
                 gain = expected_kept(self.alpha(c.record, c.kind), k)
@@ -212,6 +219,18 @@ class Controller:
             tokens += gain
         return out
 
+    def probe_interval(self, rows: int, base_rows: int) -> float:
+        """Declined proposals a sequence lets pass before it probes, in a
+        step of `rows` rows of which `base_rows` are unguessed: enough that
+        its probe's extra cost is at most PROBE_BUDGET of its share of the
+        steps in between (at least PROBE_MIN; never, before any step)."""
+        base = self.costs.cost(rows, base_rows)
+        probe = self.costs.cost(rows + PROBE_GUESSES, base_rows)
+        if base is None or probe is None:
+            return float("inf")
+        share = base / max(1, base_rows)
+        return max(float(PROBE_MIN), (probe - base) / (PROBE_BUDGET * share))
+
     def _best(self, rows: int, tokens: float, c: Candidate, base_rows: int) -> tuple[int, float]:
         """The guess count with the best expected step rate, and its
         expected kept guesses; (0, 0) when no count beats not guessing."""
@@ -220,11 +239,20 @@ class Controller:
             return 0, 0.0
         alpha = self.alpha(c.record, c.kind)
         best_k, best_gain, best_rate = 0, 0.0, tokens / base * (1.0 + MIN_GAIN)
+        last, falling = 0.0, 0
         for k in range(1, min(len(c.guesses), MAX_ROWS - rows) + 1):
             cost = self.costs.cost(rows + k, base_rows)
             gain = expected_kept(alpha, k)
-            if cost and (tokens + gain) / cost > best_rate:
-                best_k, best_gain, best_rate = k, gain, (tokens + gain) / cost
+            rate = (tokens + gain) / cost if cost else 0.0
+            if rate > best_rate:
+                best_k, best_gain, best_rate = k, gain, rate
+            # Each further guess adds less (alpha^k) for about a row's cost,
+            # so once the rate has fallen a few times it only falls: stop
+            # rather than cost 64 counts for every sequence of a full batch.
+            falling = falling + 1 if rate < last else 0
+            if falling >= 4:
+                break
+            last = rate
         return best_k, best_gain
 
     def record(self, record: SeqSpec, kind: int, drafted: int, kept: int) -> None:

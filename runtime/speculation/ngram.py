@@ -26,7 +26,7 @@ from llmctl.runtime.speculation.proposer import NO_GUESS, Guess, Want
 
 # Shortest match that proposes anything, and the longest measured.
 NGRAM_MIN = 2
-MATCH_MAX = 32
+MATCH_MAX = 256
 # Most recent occurrences of the last NGRAM_MIN tokens compared, and how far
 # back they are looked for: bounds on the work per step.
 CANDIDATES = 16
