@@ -12,7 +12,7 @@ The exactness figure is llmctl.runtime.llama.exactness's, the one `llmctl info`
 and the test suite read.
 
     .venv/bin/python scripts/bench_rows.py [--model qwen2.5-coder-1.5b] [--threads 2]
-        [--repeat 6] [--flash-attn on|off] [--json]
+        [--repeat 6] [--flash-attn on|off] [--rows 1,2,3,5,9] [--json]
 """
 
 from __future__ import annotations
@@ -30,15 +30,19 @@ from llmctl.store.resolve import resolve_model
 ROWS = (1, 2, 3, 5, 9)
 
 
-def measure(path, repack: bool, threads: int, repeat: int, n: int, flash_attn: bool) -> dict:
+def measure(path, repack: bool, threads: int, repeat: int, n: int, flash_attn: bool,
+            rows_list=ROWS) -> dict:
     model = LlamaModel(path, repack=repack)
     ctx = LlamaContext(model, ContextConfig(n_ctx_seq=1024, n_seq_max=CHECKED + 2, n_batch=512,
                                             n_threads=threads, flash_attn=flash_attn))
     try:
-        toks = model.tokenize(TEXT, add_special=False)[:n + 20]
+        toks = model.tokenize(TEXT, add_special=False)
+        while len(toks) < n + max(20, *rows_list):      # long batches need more text
+            toks += toks
+        toks = toks[:n + max(20, *rows_list)]
         ctx.decode([(0, toks[:n], 0, 0)])
         ms = {}
-        for rows in ROWS:
+        for rows in rows_list:
             times = []
             for _ in range(repeat):
                 t = time.perf_counter()
@@ -63,11 +67,14 @@ def main() -> None:
                     help="Tokens before the measured rows (over 256, flash attention splits a "
                          "lone decode row's KV across threads: not exact either way).")
     ap.add_argument("--flash-attn", choices=("on", "off"), default="on")
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)),
+                    help="row counts to time, e.g. 1,2,9,33,65 for long drafts")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    rows = tuple(int(r) for r in args.rows.split(","))
     path = resolve_model(args.model).path
     flash = args.flash_attn == "on"
-    result = {name: measure(path, repack, args.threads, args.repeat, args.context, flash)
+    result = {name: measure(path, repack, args.threads, args.repeat, args.context, flash, rows)
               for name, repack in (("repacked", True), ("plain layout", False))}
     if args.json:
         print(json.dumps(result, indent=1))
