@@ -239,20 +239,11 @@ class Controller:
             return 0, 0.0
         alpha = self.alpha(c.record, c.kind)
         best_k, best_gain, best_rate = 0, 0.0, tokens / base * (1.0 + MIN_GAIN)
-        last, falling = 0.0, 0
         for k in range(1, min(len(c.guesses), MAX_ROWS - rows) + 1):
             cost = self.costs.cost(rows + k, base_rows)
             gain = expected_kept(alpha, k)
-            rate = (tokens + gain) / cost if cost else 0.0
-            if rate > best_rate:
-                best_k, best_gain, best_rate = k, gain, rate
-            # Each further guess adds less (alpha^k) for about a row's cost,
-            # so once the rate has fallen a few times it only falls: stop
-            # rather than cost 64 counts for every sequence of a full batch.
-            falling = falling + 1 if rate < last else 0
-            if falling >= 4:
-                break
-            last = rate
+            if cost and (tokens + gain) / cost > best_rate:
+                best_k, best_gain, best_rate = k, gain, (tokens + gain) / cost
         return best_k, best_gain
 
     def record(self, record: SeqSpec, kind: int, drafted: int, kept: int) -> None:
