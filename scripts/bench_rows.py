@@ -37,9 +37,10 @@ def measure(path, repack: bool, threads: int, repeat: int, n: int, flash_attn: b
                                             n_threads=threads, flash_attn=flash_attn))
     try:
         toks = model.tokenize(TEXT, add_special=False)
-        while len(toks) < n + max(20, *rows_list):      # long batches need more text
+        need = n + max(20, *rows_list)
+        while len(toks) < need:                         # long batches need more text
             toks += toks
-        toks = toks[:n + max(20, *rows_list)]
+        toks = toks[:need]
         ctx.decode([(0, toks[:n], 0, 0)])
         ms = {}
         for rows in rows_list:
