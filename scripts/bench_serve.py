@@ -7,10 +7,12 @@ Workload: prompts of ~130 tokens (unique per request), 128 generated tokens
 (--output-tokens) with ignore_eos; concurrency 1 (8 requests) and 16 (32
 requests). Servers run one after another, so each has the whole machine.
 `--variant NAME='FLAGS'` adds an llmctl arm with those serve flags (e.g.
-fa='--flash-attn on').
+fa='--flash-attn on'), and `--peer-variant NAME='FLAGS'` a llama-server arm
+(e.g. fa-off='-fa off': llama-server turns flash attention on by default).
 
     .venv/bin/python scripts/bench_serve.py [--llama-server PATH] [--skip-peers]
         [--model smollm2] [--output-tokens 128] [--variant NAME='FLAGS' ...]
+        [--peer-variant NAME='FLAGS' ...]
 
 llama-server is looked for at $LLAMA_SERVER or /tmp/llama-server-build/bin/
 (build it from llama-cpp-python's vendored llama.cpp with the same CPU flags).
@@ -40,7 +42,8 @@ READY = http_ok("/health", "/v1/models")
 
 
 def servers(threads: int, llama_server: Path | None, peers: bool, name: str = "smollm2",
-            variants: tuple[str, ...] = ()) -> dict[str, Callable[[], Server]]:
+            variants: tuple[str, ...] = (), peer_variants: tuple[str, ...] = (),
+            ) -> dict[str, Callable[[], Server]]:
     """Each server to measure, as a factory: a port is picked at start."""
     model = str(resolve_model(name).path)
     ours = [name, "--max-num-seqs", "16", "--ctx-size", str(CTX_PER_SEQ), "--threads", str(threads)]
@@ -49,10 +52,13 @@ def servers(threads: int, llama_server: Path | None, peers: bool, name: str = "s
         label, _, flags = v.partition("=")
         out[f"llmctl serve {label}"] = partial(Server.llmctl_serve, *ours, *shlex.split(flags))
     if peers and llama_server and llama_server.exists():
-        out["llama-server -np 16"] = partial(
-            Server, [str(llama_server), "-m", model, "-np", "16", "-c", str(16 * CTX_PER_SEQ),
-                     "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1"],
-            ready=READY)
+        theirs = [str(llama_server), "-m", model, "-np", "16", "-c", str(16 * CTX_PER_SEQ),
+                  "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1"]
+        out["llama-server -np 16"] = partial(Server, theirs, ready=READY)
+        for v in peer_variants:
+            label, _, flags = v.partition("=")
+            out[f"llama-server -np 16 {label}"] = partial(
+                Server, [*theirs, *shlex.split(flags)], ready=READY)
     if peers and _has_lcp_server():
         out["llama-cpp-python server"] = partial(
             Server, [sys.executable, "-m", "llama_cpp.server", "--model", model,
@@ -108,11 +114,14 @@ def main() -> None:
     ap.add_argument("--output-tokens", type=int, default=128)
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME='SERVE FLAGS': one more llmctl arm, e.g. fa='--flash-attn on'.")
+    ap.add_argument("--peer-variant", action="append", default=[],
+                    help="NAME='FLAGS': one more llama-server arm, e.g. fa-off='-fa off'.")
     args = ap.parse_args()
     runs: dict[str, list[dict]] = {}
     for i in range(args.rounds):
         for name, server in servers(args.threads, args.llama_server, not args.skip_peers,
-                                    args.model, tuple(args.variant)).items():
+                                    args.model, tuple(args.variant),
+                                    tuple(args.peer_variant)).items():
             print(f"== round {i + 1}: {name}", flush=True)
             with server() as srv:
                 runs.setdefault(name, []).append(measure(srv.url, args.output_tokens))
