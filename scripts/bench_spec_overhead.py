@@ -5,7 +5,7 @@ the rows each run decoded and the time inside llama_decode, the
 speculation hooks and the engine's steps.
 
     .venv/bin/python scripts/bench_spec_overhead.py [--model qwen2.5-coder-1.5b]
-        [--tokens 96] [--rounds 3]
+        [--tokens 96] [--rounds 3] [--threads N]
 
 Each arm loads its own engine (a fresh process would be fairer still, and
 is what scripts/bench_spec_auto.py does through `llmctl serve`).
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
+import sys
 import time
 
 from llmctl.runtime import llama
@@ -23,34 +24,36 @@ from llmctl.runtime.engine import loop as engine
 from llmctl.runtime.engine import speculate
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
+from llmctl.runtime.system import default_threads
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from profile_step import _timed  # noqa: E402
 
 PROMPT = "Describe a walk through a forest in autumn, in three paragraphs."
-TOTALS: dict[str, float] = {}
+TOTALS: dict[str, list] = {}     # name: [seconds, calls], as profile_step keeps them
+ROWS = [0]
 
 
-def _timed(owner, name: str) -> None:
-    inner = getattr(owner, name)
+def _count_rows() -> None:
+    inner = llama.LlamaContext.decode
 
-    def wrapper(self, *a, **kw):
-        if name == "decode":
-            TOTALS["rows"] = TOTALS.get("rows", 0) + sum(len(item[1]) for item in a[0])
-        start = time.perf_counter()
-        try:
-            return inner(self, *a, **kw)
-        finally:
-            TOTALS[name] = TOTALS.get(name, 0.0) + time.perf_counter() - start
-    setattr(owner, name, wrapper)
+    def decode(self, items):
+        ROWS[0] += sum(len(item[1]) for item in items)
+        return inner(self, items)
+    llama.LlamaContext.decode = decode
 
 
-def run(model: str, spec: str | None, tokens: int) -> dict:
-    opts = dataclasses.replace(LoadOptions(threads=2, max_num_seqs=4), spec=spec)
+def run(model: str, spec: str | None, tokens: int, threads: int) -> dict:
+    opts = dataclasses.replace(LoadOptions(threads=threads, max_num_seqs=4), spec=spec)
     with LLM.load(model, opts) as llm:
         prompt = llm.chat_tokens([{"role": "user", "content": PROMPT}])
         llm.complete(prompt, SamplingParams(max_tokens=4))
         TOTALS.clear()
+        ROWS[0] = 0
         start = time.perf_counter()
         llm.complete(prompt, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
-        return {"wall": time.perf_counter() - start, **TOTALS}
+        return {"wall": time.perf_counter() - start, "rows": ROWS[0],
+                **{name: seconds for name, (seconds, _) in TOTALS.items()}}
 
 
 def main() -> None:
@@ -58,14 +61,16 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=default_threads())
     args = ap.parse_args()
+    _count_rows()
     for owner, name in ((engine.Engine, "_step"), (llama.LlamaContext, "decode"),
                         (speculate.Speculation, "fill"), (speculate.Speculation, "timed")):
-        _timed(owner, name)
+        _timed(owner, name, TOTALS)
     runs: dict[str, list[dict]] = {"off": [], "auto": []}
     for i in range(args.rounds):
         for arm, spec in (("off", None), ("auto", "auto")):
-            runs[arm].append(run(args.model, spec, args.tokens))
+            runs[arm].append(run(args.model, spec, args.tokens, args.threads))
             r = runs[arm][-1]
             print(f"round {i + 1} {arm:4}: {r['rows']:.0f} rows, wall {r['wall']:.2f} s, "
                   f"llama_decode {r['decode']:.2f} s, speculation hooks "
