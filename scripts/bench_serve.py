@@ -48,17 +48,14 @@ def servers(threads: int, llama_server: Path | None, peers: bool, name: str = "s
     model = str(resolve_model(name).path)
     ours = [name, "--max-num-seqs", "16", "--ctx-size", str(CTX_PER_SEQ), "--threads", str(threads)]
     out = {"llmctl serve": partial(Server.llmctl_serve, *ours)}
-    for v in variants:
-        label, _, flags = v.partition("=")
-        out[f"llmctl serve {label}"] = partial(Server.llmctl_serve, *ours, *shlex.split(flags))
+    for label, flags in map(_variant, variants):
+        out[f"llmctl serve {label}"] = partial(Server.llmctl_serve, *ours, *flags)
     if peers and llama_server and llama_server.exists():
         theirs = [str(llama_server), "-m", model, "-np", "16", "-c", str(16 * CTX_PER_SEQ),
                   "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1"]
         out["llama-server -np 16"] = partial(Server, theirs, ready=READY)
-        for v in peer_variants:
-            label, _, flags = v.partition("=")
-            out[f"llama-server -np 16 {label}"] = partial(
-                Server, [*theirs, *shlex.split(flags)], ready=READY)
+        for label, flags in map(_variant, peer_variants):
+            out[f"llama-server -np 16 {label}"] = partial(Server, [*theirs, *flags], ready=READY)
     if peers and _has_lcp_server():
         out["llama-cpp-python server"] = partial(
             Server, [sys.executable, "-m", "llama_cpp.server", "--model", model,
@@ -66,6 +63,12 @@ def servers(threads: int, llama_server: Path | None, peers: bool, name: str = "s
                      "--host", "127.0.0.1"],
             name="llama_cpp.server", ready=READY)
     return out
+
+
+def _variant(spec: str) -> tuple[str, list[str]]:
+    """NAME='FLAGS' as the arm's label and its argv words."""
+    label, _, flags = spec.partition("=")
+    return label, shlex.split(flags)
 
 
 def _has_lcp_server() -> bool:
