@@ -54,7 +54,7 @@ def test_step_costs_fit_a_line_through_what_was_measured():
     c = StepCosts()
     assert c.cost(4) is None
     c.record(1, 10.0)
-    assert c.cost(1) == c.cost(9) == 10.0          # one measurement: optimistic
+    assert c.cost(1) == 10.0 and c.cost(9) is None  # one measurement: no slope yet
     c.record(5, 14.0)
     assert c.cost(3) == pytest.approx(12.0)         # between two measured counts
     assert c.cost(9) == pytest.approx(18.0)         # past them, along their slope
@@ -128,6 +128,21 @@ def test_probes_spend_a_bounded_share_of_a_full_batch():
     assert every >= PROBE_MIN
     # With nothing measured yet there is no probing at all.
     assert Controller().probe_interval(1, 1) == math.inf
+
+
+def test_a_fresh_engine_measures_a_guess_with_a_probe_first():
+    # Only plain steps measured: what a guess costs is unknown, so the first
+    # proposal is checked as a short probe, not as its whole draft, and the
+    # next sequence in the same step does not probe on top of it.
+    ctl = Controller()
+    for _ in range(3):
+        ctl.costs.record(1, 10.0)
+    first, second = SeqSpec(), SeqSpec()
+    keep = ctl.trim(1, [Candidate(first, list(range(8)), 4), Candidate(second, list(range(8)), 4)])
+    assert keep == [PROBE_GUESSES, 0]
+    # Once that probe's step is measured, the line decides: cheap rows pay.
+    ctl.costs.record(1 + PROBE_GUESSES, 10.5)
+    assert ctl.trim(1, [Candidate(evidence(4, kept=30, failed=1), list(range(8)), 4)])[0] > PROBE_GUESSES
 
 
 def test_speculation_yields_to_a_full_batch_by_measure():

@@ -73,29 +73,34 @@ class StepCosts:
     off a line fitted through all the measured counts, weighted by how
     often each was measured, so one slow step (this machine is shared)
     cannot make a count look dear for good. With a single count measured
-    the line is flat: optimistic, so the first guesses measure what they
-    cost. Raises nothing."""
+    there is no line: more rows than it are unknown (None), and the
+    controller's first check is a short probe that measures them, rather
+    than a full draft taken on an optimistic guess of its cost. Raises
+    nothing."""
 
     def __init__(self, max_rows: int = MAX_ROWS):
         self._t = [0.0] * (max_rows + 1)
         self._n = [0] * (max_rows + 1)
+        self._measured = 0              # row counts with a step
         # Fitted lazily, by the fewest rows a fit may use (see cost).
-        self._lines: dict[int, tuple[float, float, float] | None] = {}
+        self._lines: dict[int, tuple[float, float, float, int] | None] = {}
 
     def record(self, rows: int, seconds: float) -> None:
         if not 0 < rows < len(self._t) or seconds <= 0:
             return
         n = self._n[rows]
+        self._measured += n == 0
         self._t[rows] = seconds if n == 0 else self._t[rows] + EWMA * (seconds - self._t[rows])
         self._n[rows] = n + 1
         self._lines.clear()
 
     def cost(self, rows: int, base: int = 1) -> float | None:
         """Estimated seconds of a step of `rows` rows, for a step that has
-        `base` rows without guesses; None before any step. The line is
-        fitted through the counts from `base` up where two or more are
-        measured: a row costs more in a full batch, where the CPU is
-        already busy, than beside a lone sequence."""
+        `base` rows without guesses; None before any step, and past the
+        one count measured while there is only one. The line is fitted
+        through the counts from `base` up where two or more are measured:
+        a row costs more in a full batch, where the CPU is already busy,
+        than beside a lone sequence."""
         rows = max(1, min(rows, len(self._t) - 1))
         if self._n[rows] >= TRUSTED:
             return self._t[rows]
@@ -104,13 +109,16 @@ class StepCosts:
             line = self._fit(1)
         if line is None:
             return None
-        a, b, floor = line
+        a, b, floor, top = line
+        if rows > top and self._measured == 1:
+            return None                 # no slope to go by yet
         return max(a + b * rows, floor)
 
-    def _fit(self, lo: int) -> tuple[float, float, float] | None:
-        """(intercept, slope, the cheapest step) through the counts from
-        `lo` rows up, fitted once per new measurement; None with fewer than
-        two counts there (with `lo` 1: none at all)."""
+    def _fit(self, lo: int) -> tuple[float, float, float, int] | None:
+        """(intercept, slope, the cheapest step, the most rows measured)
+        through the counts from `lo` rows up, fitted once per new
+        measurement; None with fewer than two counts there (with `lo` 1:
+        none at all)."""
         if lo not in self._lines:
             pts = [(r, t, min(n, TRUSTED * 4))
                    for r, (t, n) in enumerate(zip(self._t, self._n, strict=True)) if n and r >= lo]
@@ -123,7 +131,8 @@ class StepCosts:
             var = sum(n * (r - mr) ** 2 for r, _, n in pts)
             slope = sum(n * (r - mr) * (t - mt) for r, t, n in pts) / var if var else 0.0
             slope = max(0.0, slope)     # more rows never cost less
-            self._lines[lo] = (mt - slope * mr, slope, min(t for _, t, _ in pts))
+            self._lines[lo] = (mt - slope * mr, slope, min(t for _, t, _ in pts),
+                               max(r for r, _, _ in pts))
         return self._lines[lo]
 
 
@@ -223,11 +232,15 @@ class Controller:
         """Declined proposals a sequence lets pass before it probes, in a
         step of `rows` rows of which `base_rows` are unguessed: enough that
         its probe's extra cost is at most PROBE_BUDGET of its share of the
-        steps in between (at least PROBE_MIN; never, before any step)."""
+        steps in between (at least PROBE_MIN; never, before any step). While
+        no step has had more rows than this, the first proposal probes at
+        once: its step measures what a guess costs."""
         base = self.costs.cost(rows, base_rows)
-        probe = self.costs.cost(rows + PROBE_GUESSES, base_rows)
-        if base is None or probe is None:
+        if base is None:
             return float("inf")
+        probe = self.costs.cost(rows + PROBE_GUESSES, base_rows)
+        if probe is None:
+            return 1.0
         share = base / max(1, base_rows)
         return max(float(PROBE_MIN), (probe - base) / (PROBE_BUDGET * share))
 
