@@ -26,11 +26,13 @@ trap 'rm -rf "$work"' EXIT
   "llama-cpp-python==$VERSION" >/dev/null
 tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
 src="$(ls -d "$work"/llama_cpp_python-*/vendor/llama.cpp)"
-# shellcheck disable=SC2046
+# The CPU flags only: the wheel's slimming include turns off llama-common,
+# which llama-server needs.
+cpu_flags="$(tr ' ' '\n' <"$flags_file" | grep -v '^-DCMAKE_PROJECT_' | tr '\n' ' ')"
+# shellcheck disable=SC2086
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
-  -DBUILD_SHARED_LIBS=OFF \
-  $(cat "$flags_file") >/dev/null
+  -DBUILD_SHARED_LIBS=OFF $cpu_flags >/dev/null
 cmake --build "$work/build" --target llama-server -j "$(nproc)" >/dev/null
 mkdir -p "$OUT/bin"
 cp "$work"/build/bin/llama-server "$OUT/bin/"
