@@ -11,8 +11,10 @@ each answer compared with plain decoding's. Then llmctl at each
 concurrency level, off against auto: the tasks cycled over that many
 concurrent requests, generated tokens over wall time. Acceptance comes
 from each server's own counters (llmctl's /stats, llama-server's timings).
-With --rounds N, llmctl's two arms alternate N times and each figure is the
-median of its rounds (this machine moves one arm by 10-20% between runs).
+Every arm's server is up for the whole run and each task runs on all of
+them back to back, the order turning each round: this machine drifts by
+10-20% over minutes, which would otherwise land on whichever arm ran then.
+With --rounds N each figure is the median of its N rounds.
 
     .venv/bin/python scripts/bench_spec_auto.py [--models qwen2.5-coder-0.5b,...]
         [--tokens 192] [--levels 4,16] [--rounds 2] [--json FILE] [--skip-peers]
@@ -22,12 +24,14 @@ median of its rounds (this machine moves one arm by 10-20% between runs).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
 import signal
 import statistics
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -52,20 +56,16 @@ def spec_counts(url: str) -> dict:
                               "spec_declined_guesses")}
 
 
-def single(url: str, model: str, tokens: int, ours: bool) -> dict:
-    stream_chat(url, model, "Say hello.", 8)        # warm-up
-    out = {}
-    for kind, name, prompt in TASKS:
-        before = spec_counts(url) if ours else None
-        r = stream_chat(url, model, prompt, tokens)
-        if before is not None:
-            after = spec_counts(url)
-            delta = {k: after[k] - before[k] for k in after}
-            r["drafted"], r["accepted"] = delta["spec_drafted_tokens"], delta["spec_accepted_tokens"]
-            r["declined"] = delta["spec_declined_guesses"]
-        out[name] = {"kind": kind, **r}
-        print(f"   {name:16} {r['decode_tok_s'] or 0:7.2f} tok/s", file=sys.stderr, flush=True)
-    return out
+def single(url: str, model: str, prompt: str, tokens: int, ours: bool) -> dict:
+    """One task's request, with what speculation did for it (ours only)."""
+    before = spec_counts(url) if ours else None
+    r = stream_chat(url, model, prompt, tokens)
+    if before is not None:
+        after = spec_counts(url)
+        delta = {k: after[k] - before[k] for k in after}
+        r["drafted"], r["accepted"] = delta["spec_drafted_tokens"], delta["spec_accepted_tokens"]
+        r["declined"] = delta["spec_declined_guesses"]
+    return r
 
 
 def loaded(url: str, model: str, level: int, tokens: int) -> dict:
@@ -78,26 +78,57 @@ def loaded(url: str, model: str, level: int, tokens: int) -> dict:
 
 
 def run_model(args, model: str) -> dict:
-    rounds: dict[str, list[dict]] = {name: [] for name in OURS}
-    for i in range(args.rounds):
-        for name, flags in OURS.items():
-            print(f"== {model}: {name}, round {i + 1}", file=sys.stderr, flush=True)
-            argv = [model, "--threads", str(args.threads), "--max-num-seqs", str(SLOTS),
-                    "--ctx-size", str(CTX), "--flash-attn", "on", *flags]
-            with Server.llmctl_serve(*argv) as srv:
-                rounds[name].append({
-                    "single": single(srv.url, model, args.tokens, True),
-                    "loaded": {c: loaded(srv.url, model, c, args.tokens) for c in args.levels}})
-    results: dict[str, dict] = {name: _median(runs) for name, runs in rounds.items()}
+    """Every arm's server up at once, idle but for the request in hand, so
+    each task runs on every arm back to back (the order turning each
+    round): this machine's drift over minutes then moves all arms alike
+    instead of whichever ran last. Each llmctl arm has a prefix cache dir
+    of its own, so none reads what another computed."""
+    with contextlib.ExitStack() as stack:
+        servers = {name: stack.enter_context(srv) for name, srv in _servers(args, model, stack)}
+        for srv in servers.values():
+            stream_chat(srv.url, model, "Say hello.", 8)        # warm-up
+        rounds: dict[str, list[dict]] = {name: [] for name in servers}
+        for i in range(args.rounds):
+            print(f"== {model}: round {i + 1}", file=sys.stderr, flush=True)
+            singles: dict[str, dict] = {name: {} for name in servers}
+            for t, (kind, name, prompt) in enumerate(TASKS):
+                for arm in _turn(list(servers), i + t):
+                    r = single(servers[arm].url, model, prompt, args.tokens, arm in OURS)
+                    singles[arm][name] = {"kind": kind, **r}
+                print(f"   {name:16} " + "  ".join(
+                    f"{_short(arm)} {singles[arm][name]['decode_tok_s'] or 0:6.2f}" for arm in servers),
+                    file=sys.stderr, flush=True)
+            loads: dict[str, dict] = {name: {} for name in OURS}
+            for c in args.levels:
+                for arm in _turn(list(OURS), i):
+                    loads[arm][c] = loaded(servers[arm].url, model, c, args.tokens)
+            for arm in servers:
+                rounds[arm].append({"single": singles[arm], "loaded": loads.get(arm, {})})
+    return {name: _median(runs) for name, runs in rounds.items()}
+
+
+def _servers(args, model: str, stack: contextlib.ExitStack) -> list[tuple[str, Server]]:
+    out = []
+    for name, flags in OURS.items():
+        cache = stack.enter_context(tempfile.TemporaryDirectory(prefix="llmctl-bench-cache-"))
+        argv = [model, "--threads", str(args.threads), "--max-num-seqs", str(SLOTS),
+                "--ctx-size", str(CTX), "--flash-attn", "on", *flags]
+        out.append((name, Server.llmctl_serve(*argv, env={"LLMCTL_CACHE_DIR": cache})))
     if args.llama_server is not None:
         base = [str(args.llama_server), "-m", str(resolve_model(model).path), "-np", "1",
                 "-c", str(CTX), "-t", str(args.threads), "-tb", str(args.threads),
                 "--host", "127.0.0.1", "--no-webui", "--jinja", "-fa", "on"]
-        for name, flags in PEERS.items():
-            print(f"== {model}: {name}", file=sys.stderr, flush=True)
-            with Server([*base, *flags], name="llama-server") as srv:
-                results[name] = {"single": single(srv.url, model, args.tokens, False)}
-    return results
+        out += [(name, Server([*base, *flags], name="llama-server")) for name, flags in PEERS.items()]
+    return out
+
+
+def _short(arm: str) -> str:
+    return arm.replace("llama-server", "ls").replace("llmctl ", "").replace("ngram-", "")
+
+
+def _turn(arms: list[str], n: int) -> list[str]:
+    n %= len(arms)
+    return arms[n:] + arms[:n]
 
 
 def _median(runs: list[dict]) -> dict:
