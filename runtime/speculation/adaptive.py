@@ -81,7 +81,6 @@ class StepCosts:
     def __init__(self, max_rows: int = MAX_ROWS):
         self._t = [0.0] * (max_rows + 1)
         self._n = [0] * (max_rows + 1)
-        self._measured = 0              # row counts with a step
         # Fitted lazily, by the fewest rows a fit may use (see cost).
         self._lines: dict[int, tuple[float, float, float, int] | None] = {}
 
@@ -89,7 +88,6 @@ class StepCosts:
         if not 0 < rows < len(self._t) or seconds <= 0:
             return
         n = self._n[rows]
-        self._measured += n == 0
         self._t[rows] = seconds if n == 0 else self._t[rows] + EWMA * (seconds - self._t[rows])
         self._n[rows] = n + 1
         self._lines.clear()
@@ -109,14 +107,15 @@ class StepCosts:
             line = self._fit(1)
         if line is None:
             return None
-        a, b, floor, top = line
-        if rows > top and self._measured == 1:
-            return None                 # no slope to go by yet
+        a, b, floor, reach = line
+        if rows > reach:
+            return None                 # one count measured: no slope to go by yet
         return max(a + b * rows, floor)
 
     def _fit(self, lo: int) -> tuple[float, float, float, int] | None:
-        """(intercept, slope, the cheapest step, the most rows measured)
-        through the counts from `lo` rows up, fitted once per new
+        """(intercept, slope, the cheapest step, the most rows the line
+        speaks for: all of them, or through a single count only that
+        count) through the counts from `lo` rows up, fitted once per new
         measurement; None with fewer than two counts there (with `lo` 1:
         none at all)."""
         if lo not in self._lines:
@@ -131,8 +130,8 @@ class StepCosts:
             var = sum(n * (r - mr) ** 2 for r, _, n in pts)
             slope = sum(n * (r - mr) * (t - mt) for r, t, n in pts) / var if var else 0.0
             slope = max(0.0, slope)     # more rows never cost less
-            self._lines[lo] = (mt - slope * mr, slope, min(t for _, t, _ in pts),
-                               max(r for r, _, _ in pts))
+            reach = pts[0][0] if len(pts) == 1 else len(self._t)
+            self._lines[lo] = (mt - slope * mr, slope, min(t for _, t, _ in pts), reach)
         return self._lines[lo]
 
 
