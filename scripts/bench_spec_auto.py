@@ -14,11 +14,13 @@ from each server's own counters (llmctl's /stats, llama-server's timings).
 Every arm's server is up for the whole run and each task runs on all of
 them back to back, the order turning each round: this machine drifts by
 10-20% over minutes, which would otherwise land on whichever arm ran then.
-With --rounds N each figure is the median of its N rounds.
+With --rounds N each figure is the median of its N rounds, and auto/off
+the median of each round's paired ratio; --peer-rounds runs llama-server's
+arms in the first rounds only, which leaves more rounds for the pairs.
 
     .venv/bin/python scripts/bench_spec_auto.py [--models qwen2.5-coder-0.5b,...]
         [--tokens 192] [--levels 4,16] [--rounds 2] [--json FILE] [--skip-peers]
-        [--variant NAME=FLAGS ...]
+        [--variant NAME=FLAGS ...] [--peer-rounds N]
 """
 
 from __future__ import annotations
@@ -90,19 +92,20 @@ def run_model(args, model: str) -> dict:
         rounds: dict[str, list[dict]] = {name: [] for name in servers}
         for i in range(args.rounds):
             print(f"== {model}: round {i + 1}", file=sys.stderr, flush=True)
-            singles: dict[str, dict] = {name: {} for name in servers}
+            arms = [a for a in servers if a in OURS or i < args.peer_rounds]
+            singles: dict[str, dict] = {name: {} for name in arms}
             for t, (kind, name, prompt) in enumerate(TASKS):
-                for arm in _turn(list(servers), i + t):
+                for arm in _turn(arms, i + t):
                     r = single(servers[arm].url, model, prompt, args.tokens, arm in OURS)
                     singles[arm][name] = {"kind": kind, **r}
                 print(f"   {name:16} " + "  ".join(
-                    f"{_short(arm)} {singles[arm][name]['decode_tok_s'] or 0:6.2f}" for arm in servers),
+                    f"{_short(arm)} {singles[arm][name]['decode_tok_s'] or 0:6.2f}" for arm in arms),
                     file=sys.stderr, flush=True)
             loads: dict[str, dict] = {name: {} for name in OURS}
             for c in args.levels:
                 for arm in _turn(list(OURS), i):
                     loads[arm][c] = loaded(servers[arm].url, model, c, args.tokens)
-            for arm in servers:
+            for arm in arms:
                 rounds[arm].append({"single": singles[arm], "loaded": loads.get(arm, {})})
     return {name: _median(runs) for name, runs in rounds.items()}
 
@@ -162,18 +165,21 @@ def report(model: str, results: dict, levels: list[int]) -> None:
     print(f"\n## {model}: single stream, decode tok/s (acceptance); task (tokens generated)")
     print(f"{'task':18}" + "".join(f"{a.replace('llama-server', 'ls'):>22}" for a in arms)
           + f"{'auto/off':>10}")
+    ratios = paired(auto, off)
     for _, name, _ in TASKS:
         cells = "".join(f"{_cell(results[a]['single'][name]):>22}" for a in arms)
         label = f"{name} ({off[name]['tokens']})"
-        print(f"{label:18}{cells}{auto[name]['decode_tok_s'] / off[name]['decode_tok_s']:>10.2f}")
-    ratios = {n: auto[n]["decode_tok_s"] / off[n]["decode_tok_s"] for n in auto}
+        print(f"{label:18}{cells}{ratios[name]:>10.2f}")
     kinds = [k for k in KINDS if _of(ratios, k)]
     for arm in arms:
         if arm.startswith("llmctl ") and arm != "llmctl off":
-            r = _rates(results[arm]["single"])
-            r = {n: r[n] / off[n]["decode_tok_s"] for n in r}
-            print(f"{arm[7:]}/off: min {min(r.values()):.2f}, per kind median "
-                  + ", ".join(f"{k} {statistics.median(_of(r, k)):.2f}" for k in kinds))
+            r = paired(results[arm]["single"], off)
+            pooled = geomean([a / o for n in r for a, o in zip(
+                results[arm]["single"][n]["rates"], off[n]["rates"], strict=True)])
+            print(f"{arm[7:]}/off (median of each round's paired ratio): min {min(r.values()):.2f}, "
+                  f"per kind median " + ", ".join(f"{k} {statistics.median(_of(r, k)):.2f}"
+                                                  for k in kinds)
+                  + f"; every pair pooled x{pooled:.3f}")
     same = sum(auto[n]["text"] == off[n]["text"] for n in auto)
     print(f"auto's answers identical to plain decoding's: {same} of {len(auto)}")
     peers = [a for a in arms if a.startswith("llama-server")]
@@ -184,8 +190,20 @@ def report(model: str, results: dict, levels: list[int]) -> None:
         print(f"{kind:9} auto {ours:6.2f} tok/s vs llama-server's best ({best[13:]}) "
               f"{theirs:6.2f}: x{ours / theirs:.2f}")
     for c in levels:
-        a, o = results["llmctl auto"]["loaded"][c]["tok_s"], results["llmctl off"]["loaded"][c]["tok_s"]
-        print(f"c={c:<3} off {o:7.2f} tok/s, auto {a:7.2f} tok/s: x{a / o:.2f}")
+        a, o = results["llmctl auto"]["loaded"][c], results["llmctl off"]["loaded"][c]
+        ratio = statistics.median(x / y for x, y in zip(a["rates"], o["rates"], strict=True))
+        print(f"c={c:<3} off {o['tok_s']:7.2f} tok/s, auto {a['tok_s']:7.2f} tok/s: "
+              f"x{ratio:.2f} (rounds' paired ratios: "
+              + ", ".join(f"{x / y:.2f}" for x, y in zip(a["rates"], o["rates"], strict=True)) + ")")
+
+
+def paired(arm: dict, off: dict) -> dict:
+    """Per task, the median over rounds of the arm's rate over plain
+    decoding's in the same round: requests seconds apart share the
+    machine's drift, which a ratio of medians taken across rounds would
+    not cancel."""
+    return {n: statistics.median(a / o for a, o in zip(r["rates"], off[n]["rates"], strict=True))
+            for n, r in arm.items()}
 
 
 def _rates(single: dict) -> dict:
@@ -212,6 +230,8 @@ def main() -> None:
     ap.add_argument("--llama-server", type=Path, default=Path(
         os.environ.get("LLAMA_SERVER", "/tmp/llama-server-build/bin/llama-server")))
     ap.add_argument("--skip-peers", action="store_true")
+    ap.add_argument("--peer-rounds", type=int, default=1 << 30, metavar="N",
+                    help="llama-server's arms run in the first N rounds only (default: all)")
     ap.add_argument("--json", type=Path, help="also write the raw results here")
     ap.add_argument("--tasks", help="only these tasks (names, comma-separated)")
     ap.add_argument("--auto-flags", default="", help="more serve flags for the auto arm")
