@@ -13,11 +13,13 @@ from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.speculation.adaptive import (
+    MIN_RETURN,
     PROBE_BUDGET,
     PROBE_GUESSES,
     PROBE_MIN,
     TRUSTED,
     Candidate,
+    Check,
     Controller,
     SeqSpec,
     StepCosts,
@@ -195,8 +197,59 @@ def test_a_copying_sequence_trusts_its_short_matches_too():
 
 def test_saved_time_counts_what_plain_steps_would_have_cost():
     ctl = controller(base=10.0, per_row=2.0)
-    assert ctl.saved_s(1, 5, 5, 20.0) == pytest.approx(5 * 12.0 - 20.0)
-    assert ctl.saved_s(2, 2, 2, 14.0) == 0.0        # no guesses, nothing saved
+    # One row and 4 kept guesses in 20 s, against plain steps of 12 s each.
+    assert ctl.settle(1, 20.0, [Check(SeqSpec(), 4, 4)]) == pytest.approx(5 * 12.0 - 20.0)
+    assert ctl.settle(2, 14.0, []) == 0.0           # no guesses, nothing saved
+
+
+def test_a_step_is_settled_per_sequence_by_the_guesses_each_checked():
+    ctl = controller(base=10.0, per_row=2.0)
+    a, b = SeqSpec(), SeqSpec()
+    # Plain steps of 2 rows cost 14 (7 a token); this one took 30, so its
+    # 8 guesses added 16, 8 for each sequence's 4; a kept all 4, b none.
+    total = ctl.settle(2, 30.0, [Check(a, 4, 4), Check(b, 4, 0)])
+    assert a.returns.saved == pytest.approx(4 * 7.0 - 8.0)
+    assert b.returns.saved == pytest.approx(-8.0)
+    assert total == pytest.approx(12.0) == ctl.band(2).saved
+    assert ctl.band(2).extra_per_guess() == pytest.approx(2.0)
+
+
+def test_a_batch_band_whose_guesses_save_nothing_stops_guessing():
+    # The rows say guesses are cheap beside 16 sequences (as they are
+    # within one graph run)...
+    ctl = controller(base=20.0, per_row=0.25)
+    sure = evidence(3, kept=40, failed=5)
+    assert ctl.trim(16, [Candidate(sure, [1, 2, 3, 4], 3)])[0] > 0
+    # ...but the steps that checked them took a whole extra pass each: 4
+    # guesses kept, each worth 1.5 s of a plain step, at a cost of 8 s.
+    plain = ctl.costs.cost(16)
+    assert plain / 16 == 1.5
+    for _ in range(4):
+        ctl.settle(16, plain + 8.0, [Check(SeqSpec(), 4, 4)])
+    assert ctl.band(16).short(MIN_RETURN)
+    assert ctl.trim(16, [Candidate(evidence(3, 40, 5), [1, 2, 3, 4], 3)])[0] == 0
+    # A lone sequence's band has its own account.
+    assert ctl.trim(1, [Candidate(evidence(3, 40, 5), [1, 2, 3, 4], 3)])[0] > 0
+    # Probes go on, paced by what a guess was settled to cost, not the rows.
+    assert ctl.probe_interval(16, 16) == pytest.approx(
+        PROBE_GUESSES * 8.0 / 4 / (PROBE_BUDGET * plain / 16))
+
+
+def test_a_sequence_whose_own_checks_lose_stops_guessing():
+    ctl = controller(base=10.0, per_row=2.0)
+    loser, fresh = evidence(3, kept=40, failed=5), evidence(3, kept=40, failed=5)
+    # Its checks keep a guess in four (worth a 12 s step) and add 16 s.
+    for _ in range(4):
+        ctl.settle(1, 12.0 + 16.0, [Check(loser, 4, 1)])
+    assert loser.returns.short(0.0)
+    assert ctl.trim(1, [Candidate(loser, [1, 2, 3, 4], 3)])[0] == 0
+    # Its band lost too; once steps that pay are settled there, a sequence
+    # with no losses of its own guesses again.
+    for _ in range(12):
+        ctl.settle(1, 12.0 + 16.0, [Check(SeqSpec(), 4, 4)])
+    assert not ctl.band(1).short(MIN_RETURN)
+    assert ctl.trim(1, [Candidate(fresh, [1, 2, 3, 4], 3)])[0] > 0
+    assert ctl.trim(1, [Candidate(loser, [1, 2, 3, 4], 3)])[0] == 0
 
 
 # ---- the scheduler under auto ---------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from llmctl.runtime.engine.scheduler import Work
 from llmctl.runtime.engine.stats import StatsCollector
-from llmctl.runtime.speculation.adaptive import Candidate, Controller, SeqSpec, bucket
+from llmctl.runtime.speculation.adaptive import Candidate, Check, Controller, SeqSpec, bucket
 from llmctl.runtime.speculation.proposer import Guess, Proposer, Want
 
 
@@ -53,13 +53,13 @@ class Speculation:
         self._stats = stats
         # seq id -> evidence kind of its draft this step (auto mode's record)
         self._kinds: dict[int, int] = {}
-        self._kept = 0                          # guesses kept this step
+        self._checks: list[Check] = []          # this step's checked guesses
 
     def fill(self, plan: list[Work]) -> None:
         """Set this step's drafts: the proposer's guesses, cut by the
         controller in auto mode."""
         self._kinds.clear()
-        self._kept = 0
+        self._checks.clear()
         guessed = propose_into(plan, self.proposer)
         if self.controller is None or not guessed:
             return
@@ -79,20 +79,19 @@ class Speculation:
     def checked(self, w: Work, kept: int) -> None:
         """Count a checked draft of which `kept` guesses held."""
         self._stats.record_spec(len(w.draft), kept)
-        self._kept += kept
         if self.controller is not None:
             self.controller.record(_record(w), self._kinds.get(w.seq.id, 0), len(w.draft), kept)
+            self._checks.append(Check(_record(w), len(w.draft), kept))
 
     def timed(self, plan: list[Work], seconds: float) -> None:
         """Learn from a finished step that took `seconds`: decode-only
-        steps teach the controller what a step of their many rows costs."""
+        steps teach the controller what a step of their many rows costs,
+        and settle what their guesses saved."""
         if self.controller is None or not plan or not all(w.decode for w in plan):
             return
         rows = sum(len(w.tokens) for w in plan)
-        base = len(plan)
-        if rows > base:
-            self._stats.record_spec_saved(
-                self.controller.saved_s(base, rows, base + self._kept, seconds))
+        if self._checks:
+            self._stats.record_spec_saved(self.controller.settle(len(plan), seconds, self._checks))
         self.controller.costs.record(rows, seconds)
 
     def close(self) -> None:

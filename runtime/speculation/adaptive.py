@@ -22,7 +22,16 @@ document) is noticed. Probes are paced by what they cost: together they
 spend at most PROBE_BUDGET of the steps' time, so a lone sequence, whose
 probe row costs most of a step, probes less often than one of a full
 batch, whose probe is a small share of it, and neither loses more than
-that share to them."""
+that share to them.
+
+What guessing saved is measured too, and overrules the prediction: each
+speculating step is settled against plain steps of its batch, and where
+those savings fall short (a batch band's steps, or one sequence's own
+checks), guessing stops but for the paced probes. The prediction knows
+rows only, and a step's cost is not only its rows: with a KV stream per
+sequence llama.cpp splits a step whose sequences decode unequal numbers of
+rows into several graph runs, so beside other sequences a guess pays for
+a whole extra pass over the weights."""
 
 from __future__ import annotations
 
@@ -45,6 +54,14 @@ PROBE_MIN = 16
 PROBE_GUESSES = 2
 # A gain under this share of the step's rate is noise, not a reason to guess.
 MIN_GAIN = 0.05
+# Settled returns: a batch band goes on guessing while its speculating steps
+# saved at least MIN_RETURN of their time against plain steps, and a
+# sequence while its own checks saved anything; both over a window that
+# forgets a step's weight by RETURN_DECAY at each newer one, once it holds
+# RETURN_STEPS steps' weight.
+MIN_RETURN = 0.02
+RETURN_DECAY = 0.9
+RETURN_STEPS = 3.0
 BUCKETS = 9          # match lengths 1, 2-3, 4-7, ... 128-255, 256 (ngram.MATCH_MAX)
 # The engine's counts of a kind are halved past this many checks, so that
 # its prior follows the server's recent work rather than all of it.
@@ -153,11 +170,54 @@ class Evidence:
 
 
 @dataclass
+class Returns:
+    """What speculating steps saved, as settled: decayed sums of the
+    seconds saved against plain steps of the same batch, the seconds the
+    steps took, the seconds their guesses added, the guesses checked, and
+    the steps' weight. Raises nothing."""
+
+    saved: float = 0.0
+    seconds: float = 0.0
+    extra: float = 0.0
+    guesses: float = 0.0
+    steps: float = 0.0
+
+    def add(self, saved: float, seconds: float, extra: float, guesses: int) -> None:
+        d = RETURN_DECAY
+        self.saved = self.saved * d + saved
+        self.seconds = self.seconds * d + seconds
+        self.extra = self.extra * d + extra
+        self.guesses = self.guesses * d + guesses
+        self.steps = self.steps * d + 1.0
+
+    def short(self, min_return: float) -> bool:
+        """Whether enough steps are settled and they saved less than
+        `min_return` of their time."""
+        return self.steps >= RETURN_STEPS and self.saved < min_return * self.seconds
+
+    def extra_per_guess(self) -> float | None:
+        """Seconds a checked guess added to its step, as settled (None
+        before any)."""
+        return self.extra / self.guesses if self.guesses > 0 else None
+
+
+@dataclass
+class Check:
+    """One sequence's checked guesses in a step: its record, how many it
+    checked and how many held."""
+
+    record: "SeqSpec"
+    drafted: int
+    kept: int
+
+
+@dataclass
 class SeqSpec:
     """One sequence's speculation record, and its tokens as a growing
     array for the proposer to search."""
 
     evidence: Evidence = field(default_factory=Evidence)
+    returns: Returns = field(default_factory=Returns)
     declined: int = 0           # proposals declined since its last check
     history: array = field(default_factory=lambda: array("i"))
 
@@ -190,6 +250,18 @@ class Controller:
     def __init__(self) -> None:
         self.costs = StepCosts()
         self.engine = Evidence()
+        # Settled returns per batch band: steps of 1, 2-3, 4-7, ... plain rows.
+        self.bands = [Returns() for _ in range(BUCKETS)]
+
+    def band(self, base_rows: int) -> Returns:
+        """The settled returns of steps with `base_rows` unguessed rows."""
+        return self.bands[bucket(base_rows)]
+
+    def stopped(self, record: SeqSpec, base_rows: int) -> bool:
+        """Whether settled returns stop this sequence guessing in a step of
+        `base_rows` unguessed rows (it still probes): its band's steps saved
+        less than MIN_RETURN of their time, or its own checks lost."""
+        return self.band(base_rows).short(MIN_RETURN) or record.returns.short(0.0)
 
     def alpha(self, record: SeqSpec, kind: int) -> float:
         """How likely a guess of this kind holds for this sequence: its own
@@ -241,13 +313,17 @@ class Controller:
         if probe is None:
             return 1.0
         share = base / max(1, base_rows)
-        return max(float(PROBE_MIN), (probe - base) / (PROBE_BUDGET * share))
+        # What a guess added to its steps, as settled, where the rows alone
+        # say less (an extra graph run beside other sequences).
+        settled = self.band(base_rows).extra_per_guess() or 0.0
+        extra = max(probe - base, PROBE_GUESSES * settled)
+        return max(float(PROBE_MIN), extra / (PROBE_BUDGET * share))
 
     def _best(self, rows: int, tokens: float, c: Candidate, base_rows: int) -> tuple[int, float]:
         """The guess count with the best expected step rate, and its
         expected kept guesses; (0, 0) when no count beats not guessing."""
         base = self.costs.cost(rows, base_rows)
-        if base is None:
+        if base is None or self.stopped(c.record, base_rows):
             return 0, 0.0
         alpha = self.alpha(c.record, c.kind)
         best_k, best_gain, best_rate = 0, 0.0, tokens / base * (1.0 + MIN_GAIN)
@@ -263,10 +339,24 @@ class Controller:
         record.evidence.add(kind, drafted, kept)
         self.engine.add(kind, drafted, kept, ENGINE_HORIZON)
 
-    def saved_s(self, base_rows: int, rows: int, tokens: int, seconds: float) -> float:
-        """Seconds a speculating step saved: what its `tokens` would cost in
-        plain steps of `base_rows` rows, less what it took."""
+    def settle(self, base_rows: int, seconds: float, checks: list[Check]) -> float:
+        """Settle a decode-only step of `base_rows` unguessed rows that
+        checked `checks` and took `seconds`: what it saved against plain
+        steps of that batch as measured (its kept guesses at their cost in
+        plain steps, less what its guesses added), for its band and, split
+        by the guesses each checked, for each sequence. Returns the seconds
+        saved (negative if it cost; 0 while no plain step of that batch is
+        measured)."""
         plain = self.costs.cost(base_rows)
-        if plain is None or base_rows <= 0 or rows == base_rows:
+        drafted = sum(c.drafted for c in checks)
+        if plain is None or base_rows <= 0 or drafted == 0:
             return 0.0
-        return tokens / base_rows * plain - seconds
+        per_token, extra = plain / base_rows, seconds - plain
+        total = 0.0
+        for c in checks:
+            share = c.drafted / drafted
+            saved = c.kept * per_token - share * extra
+            c.record.returns.add(saved, share * seconds, share * extra, c.drafted)
+            total += saved
+        self.band(base_rows).add(total, seconds, extra, drafted)
+        return total
