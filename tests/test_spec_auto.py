@@ -13,6 +13,7 @@ from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.speculation.adaptive import (
+    MAX_ROWS,
     MIN_RETURN,
     PROBE_BUDGET,
     PROBE_GUESSES,
@@ -45,8 +46,10 @@ def controller(base: float, per_row: float) -> Controller:
 
 
 def evidence(kind: int, kept: int, failed: int) -> SeqSpec:
+    """A sequence with these checks behind it, whose last kept a long run."""
     rec = SeqSpec()
     rec.evidence.kept[kind], rec.evidence.failed[kind] = kept, failed
+    rec.cap = MAX_ROWS
     return rec
 
 
@@ -105,6 +108,20 @@ def test_guesses_that_hold_are_checked_and_guesses_that_fail_are_not():
     keep = ctl.trim(1, [Candidate(sure, list(range(8)), 4), Candidate(unsure, [1, 2, 3], 1)])
     assert keep[0] >= 6 and keep[1] == 0
     assert unsure.declined == 1 and sure.declined == 0
+
+
+def test_a_sequence_earns_long_drafts_with_its_own_kept_guesses():
+    # The engine's checks say long matches hold, but a new sequence's first
+    # check is short; each check's kept run sets the next one's cap.
+    ctl = controller(base=10.0, per_row=1.0)
+    for _ in range(50):
+        ctl.record(SeqSpec(), 4, 8, 8)
+    rec = SeqSpec()
+    assert ctl.trim(1, [Candidate(rec, list(range(8)), 4)]) == [PROBE_GUESSES]
+    ctl.record(rec, 4, PROBE_GUESSES, PROBE_GUESSES)
+    assert ctl.trim(1, [Candidate(rec, list(range(8)), 4)]) == [2 * PROBE_GUESSES + PROBE_GUESSES]
+    ctl.record(rec, 4, 6, 0)
+    assert ctl.trim(1, [Candidate(rec, list(range(8)), 4)])[0] <= PROBE_GUESSES
 
 
 def test_a_declining_sequence_probes_now_and_then():

@@ -219,6 +219,11 @@ class SeqSpec:
     evidence: Evidence = field(default_factory=Evidence)
     returns: Returns = field(default_factory=Returns)
     declined: int = 0           # proposals declined since its last check
+    # Most guesses its next check may have: a sequence earns long drafts
+    # with its own kept guesses (twice its last run, and 2 more), so one
+    # whose guesses the engine's prior overrates loses a short check, not
+    # a full draft, before its own evidence weighs in.
+    cap: int = PROBE_GUESSES
     history: array = field(default_factory=lambda: array("i"))
 
     def sync(self, prompt: list[int], output: list[int]) -> array:
@@ -286,6 +291,7 @@ class Controller:
         rows, tokens = n_rows, float(n_rows)
         for i in order:
             c = candidates[i]
+            c.guesses = c.guesses[:max(c.record.cap, PROBE_GUESSES)]
             k, gain = self._best(rows, tokens, c, n_rows)
             if k == 0:
                 c.record.declined += 1
@@ -335,7 +341,9 @@ class Controller:
         return best_k, best_gain
 
     def record(self, record: SeqSpec, kind: int, drafted: int, kept: int) -> None:
-        """Count a checked proposal for the sequence and the engine."""
+        """Count a checked proposal for the sequence and the engine, and
+        set the sequence's next cap from the run it kept."""
+        record.cap = 2 * kept + PROBE_GUESSES
         record.evidence.add(kind, drafted, kept)
         self.engine.add(kind, drafted, kept, ENGINE_HORIZON)
 
