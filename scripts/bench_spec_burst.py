@@ -3,8 +3,9 @@
 (bench/spec_tasks.py) as N concurrent greedy requests on one engine,
 plain decoding and auto alternating round by round, each on a fresh
 engine, with no prefix cache. Per run: generated tokens over wall time, the rows decoded, the
-time inside llama_decode, what speculation checked, kept and says it
-saved, and when the first and the last request finished (a burst's wall
+time inside llama_decode, the graph runs llama.cpp splits the decodes
+into (counted by its splitting rule), what speculation checked, kept and
+says it saved, and when the first and the last request finished (a burst's wall
 time is its slowest request's).
 
     .venv/bin/python scripts/bench_spec_burst.py [--model qwen2.5-coder-0.5b]
@@ -32,6 +33,26 @@ from profile_step import _timed  # noqa: E402
 
 TOTALS: dict[str, list] = {}     # name: [seconds, calls], as profile_step keeps them
 ROWS = [0]
+GRAPHS = [0, 0]                  # graph runs, decode calls
+
+
+def graph_runs(items: list[tuple[int, list[int], int, int]], n_ubatch: int = 512) -> int:
+    """How many graph runs llama.cpp makes of one decode call with a KV
+    stream per sequence: its split_equal(sequential) takes a run of
+    consecutive sequence ids with tokens left and the same number of tokens
+    from each, until every token is used."""
+    left = dict(sorted((seq, len(tokens)) for seq, tokens, _, _ in items))
+    runs = 0
+    while any(left.values()):
+        chain: list[int] = []
+        for seq, n in left.items():
+            if n and (not chain or seq == chain[-1] + 1):
+                chain.append(seq)
+        take = max(1, min(min(left[s] for s in chain), n_ubatch // len(chain)))
+        for seq in chain:
+            left[seq] -= min(take, left[seq])
+        runs += 1
+    return runs
 
 
 def _count_rows() -> None:
@@ -39,6 +60,8 @@ def _count_rows() -> None:
 
     def decode(self, items):
         ROWS[0] += sum(len(item[1]) for item in items)
+        GRAPHS[0] += graph_runs(items)
+        GRAPHS[1] += 1
         return inner(self, items)
     llama.LlamaContext.decode = decode
 
@@ -56,6 +79,7 @@ def run(args, spec: str | None) -> dict:
         s0 = llm.stats().as_dict()
         TOTALS.clear()
         ROWS[0] = 0
+        GRAPHS[:] = [0, 0]
         start = time.perf_counter()
 
         def one(p: list[int]) -> tuple[int, float]:
@@ -69,6 +93,7 @@ def run(args, spec: str | None) -> dict:
                                         "spec_accepted_tokens", "spec_saved_s")}
     ends = sorted(t for _, t in done)
     return {"tok_s": sum(n for n, _ in done) / wall, "wall": wall, "rows": ROWS[0],
+            "graphs": GRAPHS[0], "calls": GRAPHS[1],
             "tokens": sum(n for n, _ in done), "decode": TOTALS.get("decode", [0.0])[0],
             "first_end": ends[0], "median_end": statistics.median(ends), **delta}
 
@@ -95,7 +120,8 @@ def main() -> None:
             runs[arm].append(r)
             print(f"round {i + 1} {arm:6}: {r['tok_s']:6.2f} tok/s ({r['tokens']} tokens, wall "
                   f"{r['wall']:.1f} s, first done {r['first_end']:.1f} s, median "
-                  f"{r['median_end']:.1f} s), {r['rows']} rows, llama_decode {r['decode']:.1f} s, "
+                  f"{r['median_end']:.1f} s), {r['rows']} rows in {r['calls']} decodes, {r['graphs']} "
+                  f"graph runs, llama_decode {r['decode']:.1f} s, "
                   f"checked {r['spec_drafted_tokens']} kept {r['spec_accepted_tokens']} in "
                   f"{r['spec_steps']} steps, saved {r['spec_saved_s']:+.2f} s", flush=True)
     for arm in arms:
