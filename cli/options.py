@@ -253,10 +253,10 @@ SpecOpt = Annotated[Spec, typer.Option(
     "--spec", envvar="LLMCTL_SPEC",
     help="Guess the next tokens and check them in one batched step; each token is still the "
          "model's own choice (token for token plain decoding's where llama.cpp's kernels allow: "
-         "see the README). auto: n-gram guesses only where they pay, as measured per sequence "
-         "on this machine. ngram: always, from the prompt and output so far (prompt lookup). "
-         "draft: with a small model of the same family (--draft, or the model's registry "
-         "default).")]
+         "see the README). auto (the default): n-gram guesses only where they pay, as measured "
+         "per sequence on this machine. off: none. ngram: always, from the prompt and output "
+         "so far (prompt lookup). draft: with a small model of the same family (--draft, or "
+         "the model's registry default).")]
 DraftOpt = Annotated[Optional[str], typer.Option(
     "--draft", envvar="LLMCTL_DRAFT", metavar="MODEL",
     help="Draft model for speculation (turns --spec draft on): a registry name, store name or "
@@ -280,7 +280,7 @@ class Decoding:
     with the runtime's defaults."""
 
     kv_type: KvTypeOpt = KvType("f16")
-    spec: SpecOpt = Spec.none
+    spec: SpecOpt = Spec.auto
     draft_max: DraftMax = DRAFT_MAX
     draft_min: DraftMin = DRAFT_MIN
     draft: DraftOpt = None

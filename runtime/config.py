@@ -26,11 +26,11 @@ class LoadOptions:
     prefix_cache: bool = True
     prefix_cache_size_gb: float = 4.0
     move_cached_runs: int = 0            # prefix_cache/reuse.py's min_run; 0: exact prefixes only
-    # Speculation: None (off), "auto" (n-gram guesses where they pay),
-    # "ngram" (prompt lookup, always) or "draft" (a draft model: `draft`,
-    # else the registry's default draft for the model); naming a draft
-    # alone, or with auto, means "draft". Guesses per step.
-    spec: str | None = None
+    # Speculation: "auto" (n-gram guesses where they pay, the default),
+    # None (off), "ngram" (prompt lookup, always) or "draft" (a draft model:
+    # `draft`, else the registry's default draft for the model); naming a
+    # draft alone, or with auto, means "draft". Guesses per step.
+    spec: str | None = "auto"
     draft: str | None = None
     draft_max: int = DRAFT_MAX
     draft_min: int = DRAFT_MIN

@@ -271,6 +271,17 @@ def test_a_sequence_whose_own_checks_lose_stops_guessing():
 
 # ---- the scheduler under auto ---------------------------------------------------------
 
+def test_auto_is_the_default_and_off_turns_it_off():
+    from llmctl.cli.options import Decoding, Spec
+
+    assert LoadOptions().spec_config.mode == "auto"
+    assert Decoding().load_fields()["spec"] == "auto"
+    assert Decoding(spec=Spec.off).load_fields()["spec"] is None
+    assert LoadOptions(**Decoding(spec=Spec.off).load_fields()).spec_config.mode is None
+    # Naming a draft model under the default speculates with it.
+    assert LoadOptions(draft="smollm2").spec_config.mode == "draft"
+
+
 def test_auto_gives_every_decoding_sequence_room():
     s = Scheduler(SchedulerConfig(32, 512, spec=SpecConfig("auto", 8, 1), tile=1))
     for _ in range(16):

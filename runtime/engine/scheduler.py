@@ -45,7 +45,7 @@ class SchedulerConfig:
     # (flash attention off), and generated tokens are reused too.
     tile: int = TILE
     max_chunk: int = 512        # llama.cpp's n_ubatch: a longer chunk is cut again there
-    spec: SpecConfig = SpecConfig()     # speculation (off by default)
+    spec: SpecConfig = SpecConfig()     # speculation: off unless the caller's options ask
     # Guessed tokens one step may check across all sequences, and the most
     # decoding sequences that speculate at all: a checked row costs compute
     # a full batch no longer has spare (docs/speculation.md has the figures).
