@@ -174,8 +174,8 @@ def report(model: str, results: dict, levels: list[int]) -> None:
     for arm in arms:
         if arm.startswith("llmctl ") and arm != "llmctl off":
             r = paired(results[arm]["single"], off)
-            pooled = geomean([a / o for n in r for a, o in zip(
-                results[arm]["single"][n]["rates"], off[n]["rates"], strict=True)])
+            pooled = geomean([x for n, t in results[arm]["single"].items()
+                              for x in by_round(t, off[n])])
             print(f"{arm[7:]}/off (median of each round's paired ratio): min {min(r.values()):.2f}, "
                   f"per kind median " + ", ".join(f"{k} {statistics.median(_of(r, k)):.2f}"
                                                   for k in kinds)
@@ -191,10 +191,10 @@ def report(model: str, results: dict, levels: list[int]) -> None:
               f"{theirs:6.2f}: x{ours / theirs:.2f}")
     for c in levels:
         a, o = results["llmctl auto"]["loaded"][c], results["llmctl off"]["loaded"][c]
-        ratio = statistics.median(x / y for x, y in zip(a["rates"], o["rates"], strict=True))
+        ratios = by_round(a, o)
         print(f"c={c:<3} off {o['tok_s']:7.2f} tok/s, auto {a['tok_s']:7.2f} tok/s: "
-              f"x{ratio:.2f} (rounds' paired ratios: "
-              + ", ".join(f"{x / y:.2f}" for x, y in zip(a["rates"], o["rates"], strict=True)) + ")")
+              f"x{statistics.median(ratios):.2f} (rounds' paired ratios: "
+              + ", ".join(f"{x:.2f}" for x in ratios) + ")")
 
 
 def paired(arm: dict, off: dict) -> dict:
@@ -202,8 +202,12 @@ def paired(arm: dict, off: dict) -> dict:
     decoding's in the same round: requests seconds apart share the
     machine's drift, which a ratio of medians taken across rounds would
     not cancel."""
-    return {n: statistics.median(a / o for a, o in zip(r["rates"], off[n]["rates"], strict=True))
-            for n, r in arm.items()}
+    return {n: statistics.median(by_round(r, off[n])) for n, r in arm.items()}
+
+
+def by_round(arm: dict, off: dict) -> list[float]:
+    """Each round's rate of one arm's figure over plain decoding's."""
+    return [a / o for a, o in zip(arm["rates"], off["rates"], strict=True)]
 
 
 def _rates(single: dict) -> dict:

@@ -2,11 +2,11 @@
 """`--spec auto` under load, in process: the held-out tasks
 (bench/spec_tasks.py) as N concurrent greedy requests on one engine,
 plain decoding and auto alternating round by round, each on a fresh
-engine, with no prefix cache. Per run: generated tokens over wall time, the rows decoded, the
-time inside llama_decode, the graph runs llama.cpp splits the decodes
-into (counted by its splitting rule), what speculation checked, kept and
-says it saved, and when the first and the last request finished (a burst's wall
-time is its slowest request's).
+engine, with no prefix cache. Per run: generated tokens over wall time,
+the rows decoded, the time inside llama_decode, the graph runs llama.cpp
+splits the decodes into (counted by its splitting rule), what
+speculation checked, kept and says it saved, and when the first and the
+median request finished (a burst's wall time is its slowest request's).
 
     .venv/bin/python scripts/bench_spec_burst.py [--model qwen2.5-coder-0.5b]
         [--concurrency 16] [--tokens 128] [--rounds 3] [--threads N]
@@ -29,41 +29,10 @@ from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.system import default_threads
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from profile_step import _timed  # noqa: E402
+from profile_step import _count_decodes, _timed  # noqa: E402
 
 TOTALS: dict[str, list] = {}     # name: [seconds, calls], as profile_step keeps them
-ROWS = [0]
-GRAPHS = [0, 0]                  # graph runs, decode calls
-
-
-def graph_runs(items: list[tuple[int, list[int], int, int]], n_ubatch: int = 512) -> int:
-    """How many graph runs llama.cpp makes of one decode call with a KV
-    stream per sequence: its split_equal(sequential) takes a run of
-    consecutive sequence ids with tokens left and the same number of tokens
-    from each, until every token is used."""
-    left = dict(sorted((seq, len(tokens)) for seq, tokens, _, _ in items))
-    runs = 0
-    while any(left.values()):
-        chain: list[int] = []
-        for seq, n in left.items():
-            if n and (not chain or seq == chain[-1] + 1):
-                chain.append(seq)
-        take = max(1, min(min(left[s] for s in chain), n_ubatch // len(chain)))
-        for seq in chain:
-            left[seq] -= min(take, left[seq])
-        runs += 1
-    return runs
-
-
-def _count_rows() -> None:
-    inner = llama.LlamaContext.decode
-
-    def decode(self, items):
-        ROWS[0] += sum(len(item[1]) for item in items)
-        GRAPHS[0] += graph_runs(items)
-        GRAPHS[1] += 1
-        return inner(self, items)
-    llama.LlamaContext.decode = decode
+DECODES: dict[str, int] = {}     # rows, graphs, calls: profile_step._count_decodes
 
 
 def run(args, spec: str | None) -> dict:
@@ -78,8 +47,7 @@ def run(args, spec: str | None) -> dict:
         llm.complete(prompts[0], SamplingParams(max_tokens=4))
         s0 = llm.stats().as_dict()
         TOTALS.clear()
-        ROWS[0] = 0
-        GRAPHS[:] = [0, 0]
+        DECODES.clear()
         start = time.perf_counter()
 
         def one(p: list[int]) -> tuple[int, float]:
@@ -92,8 +60,7 @@ def run(args, spec: str | None) -> dict:
     delta = {k: s1[k] - s0[k] for k in ("spec_steps", "spec_drafted_tokens",
                                         "spec_accepted_tokens", "spec_saved_s")}
     ends = sorted(t for _, t in done)
-    return {"tok_s": sum(n for n, _ in done) / wall, "wall": wall, "rows": ROWS[0],
-            "graphs": GRAPHS[0], "calls": GRAPHS[1],
+    return {"tok_s": sum(n for n, _ in done) / wall, "wall": wall, **DECODES,
             "tokens": sum(n for n, _ in done), "decode": TOTALS.get("decode", [0.0])[0],
             "first_end": ends[0], "median_end": statistics.median(ends), **delta}
 
@@ -108,7 +75,7 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=SPEC",
                     help="one more arm with this --spec mode (repeatable)")
     args = ap.parse_args()
-    _count_rows()
+    _count_decodes(DECODES)
     _timed(llama.LlamaContext, "decode", TOTALS)
     arms: dict[str, str | None] = {"off": None, "auto": "auto"}
     arms.update(v.split("=", 1) for v in args.variant)

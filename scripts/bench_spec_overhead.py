@@ -27,20 +27,11 @@ from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.system import default_threads
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from profile_step import _timed  # noqa: E402
+from profile_step import _count_decodes, _timed  # noqa: E402
 
 PROMPT = "Describe a walk through a forest in autumn, in three paragraphs."
 TOTALS: dict[str, list] = {}     # name: [seconds, calls], as profile_step keeps them
-ROWS = [0]
-
-
-def _count_rows() -> None:
-    inner = llama.LlamaContext.decode
-
-    def decode(self, items):
-        ROWS[0] += sum(len(item[1]) for item in items)
-        return inner(self, items)
-    llama.LlamaContext.decode = decode
+DECODES: dict[str, int] = {}     # rows, graphs, calls: profile_step._count_decodes
 
 
 def run(model: str, spec: str | None, tokens: int, threads: int) -> dict:
@@ -49,10 +40,10 @@ def run(model: str, spec: str | None, tokens: int, threads: int) -> dict:
         prompt = llm.chat_tokens([{"role": "user", "content": PROMPT}])
         llm.complete(prompt, SamplingParams(max_tokens=4))
         TOTALS.clear()
-        ROWS[0] = 0
+        DECODES.clear()
         start = time.perf_counter()
         llm.complete(prompt, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
-        return {"wall": time.perf_counter() - start, "rows": ROWS[0],
+        return {"wall": time.perf_counter() - start, "rows": DECODES["rows"],
                 **{name: seconds for name, (seconds, _) in TOTALS.items()}}
 
 
@@ -63,7 +54,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=default_threads())
     args = ap.parse_args()
-    _count_rows()
+    _count_decodes(DECODES)
     for owner, name in ((engine.Engine, "_step"), (llama.LlamaContext, "decode"),
                         (speculate.Speculation, "fill"), (speculate.Speculation, "timed")):
         _timed(owner, name, TOTALS)

@@ -43,6 +43,38 @@ def _timed(owner, name: str, totals: dict) -> None:
     setattr(owner, name, wrapper)
 
 
+def graph_runs(items: list[tuple[int, list[int], int, int]], n_ubatch: int = 512) -> int:
+    """How many graph runs llama.cpp makes of one decode call with a KV
+    stream per sequence: its split_equal(sequential) takes a run of
+    consecutive sequence ids with tokens left and the same number of tokens
+    from each, until every token is used."""
+    left = dict(sorted((seq, len(tokens)) for seq, tokens, _, _ in items))
+    runs = 0
+    while any(left.values()):
+        chain: list[int] = []
+        for seq, n in left.items():
+            if n and (not chain or seq == chain[-1] + 1):
+                chain.append(seq)
+        take = max(1, min(min(left[s] for s in chain), n_ubatch // len(chain)))
+        for seq in chain:
+            left[seq] -= min(take, left[seq])
+        runs += 1
+    return runs
+
+
+def _count_decodes(counts: dict) -> None:
+    """Wrap LlamaContext.decode to add each call's rows, graph runs and
+    the call itself to counts["rows"], ["graphs"] and ["calls"]."""
+    inner = llama.LlamaContext.decode
+
+    def decode(self, items):
+        counts["rows"] = counts.get("rows", 0) + sum(len(item[1]) for item in items)
+        counts["graphs"] = counts.get("graphs", 0) + graph_runs(items)
+        counts["calls"] = counts.get("calls", 0) + 1
+        return inner(self, items)
+    llama.LlamaContext.decode = decode
+
+
 def in_process(args) -> dict:
     totals: dict[str, list] = {}
     for owner, name in ((engine.Engine, "_step"), (llama.LlamaContext, "decode"),

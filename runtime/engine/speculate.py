@@ -80,8 +80,9 @@ class Speculation:
         """Count a checked draft of which `kept` guesses held."""
         self._stats.record_spec(len(w.draft), kept)
         if self.controller is not None:
-            self.controller.record(_record(w), self._kinds.get(w.seq.id, 0), len(w.draft), kept)
-            self._checks.append(Check(_record(w), len(w.draft), kept))
+            record = _record(w)
+            self.controller.record(record, self._kinds.get(w.seq.id, 0), len(w.draft), kept)
+            self._checks.append(Check(record, len(w.draft), kept))
 
     def timed(self, plan: list[Work], seconds: float) -> None:
         """Learn from a finished step that took `seconds`: decode-only

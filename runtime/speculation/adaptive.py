@@ -291,7 +291,7 @@ class Controller:
         rows, tokens = n_rows, float(n_rows)
         for i in order:
             c = candidates[i]
-            c.guesses = c.guesses[:max(c.record.cap, PROBE_GUESSES)]
+            c.guesses = c.guesses[:c.record.cap]
             k, gain = self._best(rows, tokens, c, n_rows)
             if k == 0:
                 c.record.declined += 1
