@@ -5,7 +5,13 @@ same threads, same workload.
 
 Workload: prompts of ~130 tokens (unique per request), 128 generated tokens
 (--output-tokens) with ignore_eos; concurrency 1 (8 requests) and 16 (32
-requests). Servers run one after another, so each has the whole machine.
+requests). Every server is started once and stays up (idle, it takes no
+CPU); each level then runs on one server at a time, so each has the whole
+machine, and the servers take turns level by level, in reversed order every
+other round, so that a pair of arms is measured a minute apart rather than
+several (this machine drifts by 10-15% over minutes). Each round's ratio of
+llmctl to every peer is reported, with their median and the medians of
+each metric.
 `--variant NAME='FLAGS'` adds an llmctl arm with those serve flags (e.g.
 fa='--flash-attn on'), and `--peer-variant NAME='FLAGS'` a llama-server arm
 (e.g. fa-off='-fa off': llama-server turns flash attention on by default).
@@ -26,8 +32,10 @@ import argparse
 import json
 import os
 import shlex
+import statistics
 import sys
 from collections.abc import Callable
+from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 
@@ -88,19 +96,40 @@ def level(run: dict) -> dict:
             "out_tokens_mean": lv["mean_output_tokens"]}
 
 
-def measure(url: str, output_tokens: int = 128) -> dict:
-    common = dict(url=url + "/v1", input_tokens=130, output_tokens=output_tokens, timeout=900)
-    c1 = bench(requests=8, concurrency="1", **common)
-    c16 = bench(requests=32, concurrency="16", **common)
-    return {"c1": level(c1), "c16": level(c16)}
+LEVELS = {"c1": (8, "1"), "c16": (32, "16")}     # level: (requests, concurrency)
+
+
+def measure(url: str, lvl: str, output_tokens: int = 128) -> dict:
+    """One level of the workload against the server at `url`."""
+    requests, concurrency = LEVELS[lvl]
+    return level(bench(requests=requests, concurrency=concurrency, url=url + "/v1",
+                       input_tokens=130, output_tokens=output_tokens, timeout=900))
 
 
 def median_run(runs: list[dict]) -> dict:
     """Per metric, the median over rounds (each round ran every server)."""
-    import statistics
-
     return {lvl: {k: statistics.median(r[lvl][k] for r in runs) for k in runs[0][lvl]}
-            for lvl in ("c1", "c16")}
+            for lvl in LEVELS}
+
+
+def run_rounds(started: dict[str, Server], rounds: int, output_tokens: int) -> dict[str, list[dict]]:
+    """Every level of every round on each server in turn: forward in even
+    rounds, reversed in odd ones. Each server first answers a short warm-up
+    (its weights paged in, its threads started)."""
+    for srv in started.values():
+        bench(requests=2, concurrency="1", url=srv.url + "/v1", input_tokens=130,
+              output_tokens=8, timeout=900)
+    runs: dict[str, list[dict]] = {name: [] for name in started}
+    for i in range(rounds):
+        order = list(started) if i % 2 == 0 else list(reversed(started))
+        for name in order:
+            runs[name].append({})
+        for lvl in LEVELS:
+            for name in order:
+                print(f"== round {i + 1}, {lvl}: {name}", flush=True)
+                runs[name][-1][lvl] = measure(started[name].url, lvl, output_tokens)
+                print(json.dumps(runs[name][-1][lvl]), flush=True)
+    return runs
 
 
 def main() -> None:
@@ -120,15 +149,11 @@ def main() -> None:
     ap.add_argument("--peer-variant", action="append", default=[],
                     help="NAME='FLAGS': one more llama-server arm, e.g. fa-off='-fa off'.")
     args = ap.parse_args()
-    runs: dict[str, list[dict]] = {}
-    for i in range(args.rounds):
-        for name, server in servers(args.threads, args.llama_server, not args.skip_peers,
-                                    args.model, tuple(args.variant),
-                                    tuple(args.peer_variant)).items():
-            print(f"== round {i + 1}: {name}", flush=True)
-            with server() as srv:
-                runs.setdefault(name, []).append(measure(srv.url, args.output_tokens))
-            print(json.dumps(runs[name][-1]), flush=True)
+    factories = servers(args.threads, args.llama_server, not args.skip_peers, args.model,
+                        tuple(args.variant), tuple(args.peer_variant))
+    with ExitStack() as stack:
+        started = {name: stack.enter_context(make()) for name, make in factories.items()}
+        runs = run_rounds(started, args.rounds, args.output_tokens)
     results = {name: median_run(r) for name, r in runs.items()}
     print(f"\nmedians over {args.rounds} rounds")
     print(f"{'server':28} {'c=1 tok/s':>10} {'c=16 tok/s':>11} {'c=16 TTFT p50':>14} "
@@ -137,19 +162,32 @@ def main() -> None:
         print(f"{name:28} {r['c1']['tok_s']:10.1f} {r['c16']['tok_s']:11.1f} "
               f"{r['c16']['ttft_p50']:13.2f}s {r['c16']['ttft_p95']:7.2f}s "
               f"{r['c1']['errors'] + r['c16']['errors']:7.0f}")
-    for label in [n for n in results if n.startswith("llmctl serve")]:
-        _ratios(label, results)
+    ratios = {label: _ratios(label, runs) for label in runs if label.startswith("llmctl serve")}
     if args.json:
-        args.json.write_text(json.dumps({"medians": results, "runs": runs}, indent=2))
+        args.json.write_text(json.dumps({"medians": results, "ratios": ratios, "runs": runs},
+                                        indent=2))
 
 
-def _ratios(label: str, results: dict) -> None:
-    ours = results[label]
-    for name, r in results.items():
-        if not name.startswith("llmctl serve"):
-            print(f"{label}/{name}: c=16 tok/s x{ours['c16']['tok_s'] / r['c16']['tok_s']:.2f}, "
-                  f"c=16 TTFT p50 x{ours['c16']['ttft_p50'] / r['c16']['ttft_p50']:.2f}, "
-                  f"c=1 tok/s x{ours['c1']['tok_s'] / r['c1']['tok_s']:.2f}")
+RATIOS = (("c16", "tok_s", "c=16 tok/s"), ("c16", "ttft_p50", "c=16 TTFT p50"),
+          ("c1", "tok_s", "c=1 tok/s"))
+
+
+def _ratios(label: str, runs: dict[str, list[dict]]) -> dict:
+    """Per peer and metric, each round's ratio of `label` to the peer (the
+    two measured side by side) and their median; printed as it goes."""
+    out: dict = {}
+    for name, theirs in runs.items():
+        if name.startswith("llmctl serve"):
+            continue
+        line = []
+        for lvl, key, shown in RATIOS:
+            each = [o[lvl][key] / t[lvl][key] for o, t in zip(runs[label], theirs, strict=True)]
+            out.setdefault(name, {})[f"{lvl} {key}"] = {"rounds": each,
+                                                        "median": statistics.median(each)}
+            line.append(f"{shown} x{statistics.median(each):.2f} "
+                        f"({', '.join(f'{r:.2f}' for r in each)})")
+        print(f"{label}/{name}: " + "; ".join(line))
+    return out
 
 
 if __name__ == "__main__":
