@@ -24,7 +24,7 @@ from typing_extensions import Annotated
 from llmctl.cli.complete import model_names
 from llmctl.kv_types import KV_TYPES
 from llmctl.presets import Preset
-from llmctl.runtime.speculation.config import DRAFT_MAX, DRAFT_MIN, P_MIN
+from llmctl.runtime.speculation.config import AUTO_DRAFT_MAX, DRAFT_MAX, DRAFT_MIN, P_MIN
 
 if TYPE_CHECKING:
     from llmctl.runtime.llm import LoadOptions
@@ -265,9 +265,10 @@ DraftOpt = Annotated[Optional[str], typer.Option(
 DraftPMin = Annotated[float, typer.Option(
     "--draft-p-min", min=0.0, max=1.0, envvar="LLMCTL_DRAFT_P_MIN",
     help="A draft model stops guessing where its top token's probability is below this.")]
-DraftMax = Annotated[int, typer.Option(
-    "--draft-max", min=1, max=64, envvar="LLMCTL_DRAFT_MAX",
-    help="Most guessed tokens per step (fewer as the batch fills).")]
+DraftMax = Annotated[Optional[int], typer.Option(
+    "--draft-max", min=1, max=64, envvar="LLMCTL_DRAFT_MAX", show_default=False,
+    help=f"Most guessed tokens per step, fewer as the batch fills "
+         f"(default: {AUTO_DRAFT_MAX} under --spec auto, else {DRAFT_MAX}).")]
 DraftMin = Annotated[int, typer.Option(
     "--draft-min", min=1, max=64, envvar="LLMCTL_DRAFT_MIN",
     help="Don't speculate with fewer guesses than this.")]
@@ -281,7 +282,7 @@ class Decoding:
 
     kv_type: KvTypeOpt = KvType("f16")
     spec: SpecOpt = Spec.auto
-    draft_max: DraftMax = DRAFT_MAX
+    draft_max: DraftMax = None
     draft_min: DraftMin = DRAFT_MIN
     draft: DraftOpt = None
     draft_p_min: DraftPMin = P_MIN

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from llmctl.errors import UsageError
 from llmctl.kv_types import KV_TYPES
 from llmctl.runtime import planner
-from llmctl.runtime.speculation.config import DRAFT_MAX, DRAFT_MIN, P_MIN, SpecConfig
+from llmctl.runtime.speculation.config import DRAFT_MIN, P_MIN, SpecConfig, default_draft_max
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class LoadOptions:
     # draft alone, or with auto, means "draft". Guesses per step.
     spec: str | None = "auto"
     draft: str | None = None
-    draft_max: int = DRAFT_MAX
+    draft_max: int | None = None         # None: the mode's default (default_draft_max)
     draft_min: int = DRAFT_MIN
     draft_p_min: float = P_MIN
     kv_type: str = "f16"                 # K and V cache element type: a KV_TYPES name
@@ -68,7 +68,8 @@ class LoadOptions:
     def spec_config(self) -> SpecConfig:
         """The speculation settings. Raises ValueError for bad values."""
         mode = "draft" if self.draft and self.spec in (None, "auto") else self.spec
-        return SpecConfig(mode, self.draft_max, self.draft_min, self.draft_p_min)
+        draft_max = default_draft_max(mode) if self.draft_max is None else self.draft_max
+        return SpecConfig(mode, draft_max, self.draft_min, self.draft_p_min)
 
     def _check_kv_type(self) -> None:
         if self.kv_type not in KV_TYPES:

@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from llmctl.errors import UsageError
 from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig
 from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.llm import LLM, LoadOptions
@@ -280,6 +281,18 @@ def test_auto_is_the_default_and_off_turns_it_off():
     assert LoadOptions(**Decoding(spec=Spec.off).load_fields()).spec_config.mode is None
     # Naming a draft model under the default speculates with it.
     assert LoadOptions(draft="smollm2").spec_config.mode == "draft"
+
+
+def test_auto_earns_longer_drafts_than_the_forced_modes_and_a_set_cap_holds():
+    from llmctl.cli.options import Decoding, Spec
+
+    assert LoadOptions().spec_config.draft_max == 16
+    assert LoadOptions(spec="ngram").spec_config.draft_max == 8
+    assert LoadOptions(draft="smollm2").spec_config.draft_max == 8
+    assert LoadOptions(**Decoding(draft_max=5).load_fields()).spec_config.draft_max == 5
+    assert LoadOptions(**Decoding(spec=Spec.ngram).load_fields()).spec_config.draft_max == 8
+    with pytest.raises(UsageError, match="draft_min <= draft_max"):
+        LoadOptions(spec="ngram", draft_min=10)
 
 
 def test_auto_gives_every_decoding_sequence_room():

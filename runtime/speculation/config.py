@@ -5,12 +5,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DRAFT_MAX = 8       # most guessed tokens per step
+DRAFT_MAX = 8       # most guessed tokens per step, forced modes
+# Auto's cap is higher: its drafts are earned run by run (adaptive.py), so a
+# long one is checked only after a long run held (docs/speculation.md).
+AUTO_DRAFT_MAX = 16
 DRAFT_MIN = 1       # fewer found: don't speculate this step
 # A draft model's guesses stop where its top probability is lower
 # (llama-server's --draft-p-min has the same default).
 P_MIN = 0.75
 MODES = (None, "auto", "ngram", "draft")
+
+
+def default_draft_max(mode: str | None) -> int:
+    """The most guesses per step when --draft-max is not given."""
+    return AUTO_DRAFT_MAX if mode == "auto" else DRAFT_MAX
 
 
 @dataclass(frozen=True)
