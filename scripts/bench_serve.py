@@ -97,13 +97,20 @@ def level(run: dict) -> dict:
 
 
 LEVELS = {"c1": (8, "1"), "c16": (32, "16")}     # level: (requests, concurrency)
+# The ratios reported: (level, metric, label).
+RATIOS = (("c16", "tok_s", "c=16 tok/s"), ("c16", "ttft_p50", "c=16 TTFT p50"),
+          ("c1", "tok_s", "c=1 tok/s"))
+
+
+def _load(url: str, requests: int, concurrency: str, output_tokens: int) -> dict:
+    """The workload's prompts sent to the server at `url`: bench's report."""
+    return bench(requests=requests, concurrency=concurrency, url=url + "/v1",
+                 input_tokens=130, output_tokens=output_tokens, timeout=900)
 
 
 def measure(url: str, lvl: str, output_tokens: int = 128) -> dict:
     """One level of the workload against the server at `url`."""
-    requests, concurrency = LEVELS[lvl]
-    return level(bench(requests=requests, concurrency=concurrency, url=url + "/v1",
-                       input_tokens=130, output_tokens=output_tokens, timeout=900))
+    return level(_load(url, *LEVELS[lvl], output_tokens))
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -117,8 +124,7 @@ def run_rounds(started: dict[str, Server], rounds: int, output_tokens: int) -> d
     rounds, reversed in odd ones. Each server first answers a short warm-up
     (its weights paged in, its threads started)."""
     for srv in started.values():
-        bench(requests=2, concurrency="1", url=srv.url + "/v1", input_tokens=130,
-              output_tokens=8, timeout=900)
+        _load(srv.url, 2, "1", 8)
     runs: dict[str, list[dict]] = {name: [] for name in started}
     for i in range(rounds):
         order = list(started) if i % 2 == 0 else list(reversed(started))
@@ -166,10 +172,6 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"medians": results, "ratios": ratios, "runs": runs},
                                         indent=2))
-
-
-RATIOS = (("c16", "tok_s", "c=16 tok/s"), ("c16", "ttft_p50", "c=16 TTFT p50"),
-          ("c1", "tok_s", "c=1 tok/s"))
 
 
 def _ratios(label: str, runs: dict[str, list[dict]]) -> dict:
