@@ -20,10 +20,10 @@ from llmctl.runtime.engine.logprobs import TokenLogprob
 from llmctl.runtime.engine.loop import Engine
 from llmctl.runtime.engine.sequence import Sequence
 from llmctl.runtime.engine.stats import Stats
+from llmctl.runtime.flash_auto import resolve_flash_attn
 from llmctl.runtime.formats.reasoning import opens_thought
 from llmctl.runtime.formats.template import ChatTemplate, normalize_messages
 from llmctl.runtime.formats.template_source import choose_template
-from llmctl.runtime.flash_auto import resolve_flash_attn
 from llmctl.runtime.formats.tool_calls import ToolFormat
 from llmctl.runtime.llama import LlamaModel, render_builtin, supports_gpu_offload
 from llmctl.runtime.prefix_cache.cache import PrefixCache, Weights
