@@ -16,9 +16,9 @@ NoExactness = Annotated[bool, typer.Option(
     "--no-exactness", help="Skip measuring whether batching changes greedy answers on this "
                            "machine (it loads the default model for about a second).")]
 
-# The two settings whose guarantee differs: serve's auto keeps the first
-# where it measures exact (runtime/flash_auto.py); `run` uses the second.
-_SETTINGS = (("flash attention off", False), ("flash attention on", True))
+# The two settings whose guarantee differs: the server's default (prefix
+# cache on, so flash attention off) and `run`'s and speculation's (on).
+_SETTINGS = (("flash attention off (serve's default)", False), ("flash attention on", True))
 
 
 @handle_errors
@@ -55,22 +55,18 @@ def _exactness() -> dict[str, Any]:
     """The row-exactness measurement on the default model for each setting,
     or the reason it could not be made. Raises nothing: info must still
     answer on a machine with no model."""
-    from llmctl import config
     from llmctl.errors import LlmctlError
-    from llmctl.runtime.flash_auto import STORE_NAME
     from llmctl.runtime.llama.exactness import measure_rows
     from llmctl.store.resolve import resolve_model
 
     try:
         resolved = resolve_model(None)
         results = {("flash_attn_on" if flash else "flash_attn_off"):
-                   measure_rows(resolved.path, flash_attn=flash,
-                                store=config.cache_dir() / STORE_NAME).to_dict()
+                   measure_rows(resolved.path, flash_attn=flash).to_dict()
                    for _, flash in _SETTINGS}
     except LlmctlError as e:
         return {"measured": False, "reason": str(e)}
-    serve = "off" if results["flash_attn_off"]["exact"] else "on"
-    return {"measured": True, "model": resolved.name, "serve_flash_attn": serve, **results}
+    return {"measured": True, "model": resolved.name, **results}
 
 
 def _exactness_rows(table: Table, exactness: dict[str, Any]) -> None:
@@ -82,10 +78,8 @@ def _exactness_rows(table: Table, exactness: dict[str, Any]) -> None:
     for label, flash in _SETTINGS:
         r = RowExactness(**exactness["flash_attn_on" if flash else "flash_attn_off"])
         table.add_row(f"[bold]exactness[/], {label}", r.summary())
-    table.add_row("", f"(measured on {exactness['model']}, {r.threads} threads: "
+    table.add_row("", f"(measured just now on {exactness['model']}, {r.threads} threads: "
                       "see docs/exactness.md; --no-exactness skips it)")
-    table.add_row("[bold]serve's --flash-attn auto[/]",
-                  f"{exactness['serve_flash_attn']} with the prefix cache on, for this model")
 
 
 def _lcp_version() -> str:

@@ -47,9 +47,9 @@ NoPrefixCache = Annotated[bool, typer.Option(
     "--no-prefix-cache", envvar="LLMCTL_NO_PREFIX_CACHE", help="Recompute every prompt from scratch.")]
 FlashAttnOpt = Annotated[FlashAttn, typer.Option(
     "--flash-attn", envvar="LLMCTL_FLASH_ATTN",
-    help="auto: with the prefix cache on, off where this CPU computes batched rows "
-         "exactly (answers then do not depend on concurrency; measured once per model), "
-         "else on, which is faster; on with a quantized --kv-type, which needs it.")]
+    help="auto: off while the prefix cache is on, so output is token-identical at any "
+         "concurrency (on with a quantized --kv-type, which needs it); on can be faster: "
+         "cache hits stay exact, but logits depend on which requests run together.")]
 PrefixCacheSize = Annotated[float, typer.Option(
     "--prefix-cache-size", min=0.0, envvar="LLMCTL_PREFIX_CACHE_SIZE",
     help="Disk budget of the prefix KV cache, in GB.")]

@@ -22,7 +22,7 @@ class LoadOptions:
     max_num_seqs: int = 1
     max_num_batched_tokens: int = 512
     max_queue: int = 256
-    flash_attn: bool | None = None       # None: auto (use_flash_attn, runtime/flash_auto.py)
+    flash_attn: bool | None = None       # None: on for a quantized KV, else unless the prefix cache is on
     prefix_cache: bool = True
     prefix_cache_size_gb: float = 4.0
     move_cached_runs: int = 0            # prefix_cache/reuse.py's min_run; 0: exact prefixes only
@@ -90,14 +90,14 @@ class LoadOptions:
         hits bit-exact under it. But with 2+ threads a sequence decoding
         alone in its ubatch with 512+ KV cells takes a split-KV kernel, and
         beside other sequences a per-row one, so logits depend on which
-        requests run together. Off, they do not, where this CPU computes a
-        row the same alone and in a batch (`llmctl info`, docs/exactness.md).
+        requests run together (measured: concurrent != alone, off: equal).
+        So auto keeps it off while the cache is on (hits independent of
+        concurrency, and bit-exact where `llmctl info` measures this CPU's
+        rows exact: docs/exactness.md); on is faster, and hits match a cold
+        prefill run in the same company.
 
-        Left as None (auto), loading a model on the CPU with the prefix
-        cache on measures that and decides (runtime/flash_auto.py); what is
-        still None here keeps it off while the cache is on. A quantized KV
-        cache needs it (llama.cpp has no other kernel for a quantized V), so
-        auto turns it on there."""
+        A quantized KV cache needs it (llama.cpp has no other kernel for a
+        quantized V), so auto turns it on there."""
         if self.flash_attn is not None:
             return self.flash_attn
         return self.kv_type != "f16" or not self.prefix_cache

@@ -20,7 +20,6 @@ from llmctl.runtime.engine.logprobs import TokenLogprob
 from llmctl.runtime.engine.loop import Engine
 from llmctl.runtime.engine.sequence import Sequence
 from llmctl.runtime.engine.stats import Stats
-from llmctl.runtime.flash_auto import resolve_flash_attn
 from llmctl.runtime.formats.reasoning import opens_thought
 from llmctl.runtime.formats.template import ChatTemplate, normalize_messages
 from llmctl.runtime.formats.template_source import choose_template
@@ -127,12 +126,10 @@ class LLM:
             eos_token=self.model.token_text(self.model.eos))
         self.draft_model = self._load_draft()
         entry = resolved.entry
-        threads = opts.threads or default_threads()
         try:
-            self.opts, self.flash_attn_reason = resolve_flash_attn(
-                opts, self.model, threads, self.n_gpu_layers, config.cache_dir())
             self.engine = start_engine(
-                self.model, self.opts, EngineShape(n_ctx_seq=n_ctx, n_threads=threads),
+                self.model, opts,
+                EngineShape(n_ctx_seq=n_ctx, n_threads=opts.threads or default_threads()),
                 weights=Weights(resolved.name, Path(resolved.path), entry.sha256 if entry else None),
                 cache_root=config.cache_dir() / "prefix", draft_model=self.draft_model)
         except BaseException:

@@ -16,16 +16,12 @@ This module calls llama.cpp only through the package's classes."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from llmctl.files import atomic_write
 from llmctl.runtime.llama.context import ContextConfig, LlamaContext
 from llmctl.runtime.llama.library import LLAMA_CPP_VERSION, system_info
 from llmctl.runtime.llama.model import LlamaModel
@@ -38,9 +34,6 @@ ROWS = 4                # rows compared: speculation checks up to 8, a prompt ta
 # 256 cells flash attention also splits a lone row's KV: scripts/bench_rows.py).
 CONTEXT = 64
 
-MAX_STORED = 256        # measurements a store keeps: one per model, build and setting
-
-log = logging.getLogger("llmctl.exactness")
 _cache: dict[tuple, "RowExactness"] = {}
 _cache_lock = threading.Lock()
 
@@ -133,15 +126,11 @@ def build_key() -> tuple[str, str]:
 
 
 def measure_rows(path: str | Path, *, flash_attn: bool = False, repack: bool = True,
-                 threads: int | None = None, context: int = CONTEXT,
-                 model: LlamaModel | None = None, store: Path | None = None) -> RowExactness:
+                 threads: int | None = None, context: int = CONTEXT) -> RowExactness:
     """Measure (once per process for each model file, build and setting)
     whether `path`'s logits are the same for a row alone and in a batch.
-    `threads` defaults to the engine's. `model`, when given, is `path`
-    already loaded on the CPU with `repack`; else it is loaded for about a
-    second. `store` is a JSON file that keeps measurements across
-    processes (a damaged one is measured over). Raises BadModelFile,
-    LlmctlError (no context) and DecodeError."""
+    `threads` defaults to the engine's. Loads the model for about a second.
+    Raises BadModelFile, LlmctlError (no context) and DecodeError."""
     from llmctl.runtime.system import default_threads
 
     path = Path(path).resolve()
@@ -152,69 +141,27 @@ def measure_rows(path: str | Path, *, flash_attn: bool = False, repack: bool = T
     with _cache_lock:
         if key in _cache:
             return _cache[key]
-        result = _stored(store, key) if store else None
-        if result is None:
-            result = _measure(model or path, flash_attn, repack, threads, context)
-            if store:
-                _store(store, key, result)
+        result = _measure(path, flash_attn, repack, threads, context)
         _cache[key] = result
         return result
 
 
-def _digest(key: tuple) -> str:
-    return hashlib.sha256(repr(key).encode()).hexdigest()[:32]
-
-
-def _read_store(store: Path) -> dict[str, dict]:
-    try:
-        data = json.loads(store.read_text())
-    except (OSError, ValueError):
-        return {}
-    entries = data.get("entries") if isinstance(data, dict) else None
-    return entries if isinstance(entries, dict) else {}
-
-
-def _stored(store: Path, key: tuple) -> RowExactness | None:
-    entry = _read_store(store).get(_digest(key))
-    try:
-        return RowExactness(**entry) if isinstance(entry, dict) else None
-    except TypeError:                   # written by another version: measure again
-        return None
-
-
-def _store(store: Path, key: tuple, result: RowExactness) -> None:
-    """Add `result` to `store`, oldest entries dropped past MAX_STORED. A
-    store that cannot be written costs only a measurement next time."""
-    entries = _read_store(store)
-    entries.pop(_digest(key), None)
-    entries[_digest(key)] = result.to_dict()
-    kept = dict(list(entries.items())[-MAX_STORED:])
-    try:
-        atomic_write(store, json.dumps({"version": 1, "entries": kept}, indent=1))
-    except OSError as e:
-        log.warning("exactness: cannot write %s (%s); it will be measured again", store, e)
-
-
-def _measure(source: Path | LlamaModel, flash_attn: bool, repack: bool, threads: int,
+def _measure(path: Path, flash_attn: bool, repack: bool, threads: int,
              context: int) -> RowExactness:
-    model = source if isinstance(source, LlamaModel) else LlamaModel(source, repack=repack)
+    model = LlamaModel(path, repack=repack)
     try:
         ctx = LlamaContext(model, ContextConfig(n_ctx_seq=context + ROWS, n_seq_max=ROWS + 2,
                                                 n_batch=max(512, context), n_threads=threads,
                                                 flash_attn=flash_attn))
-        try:
-            tokens = model.tokenize(TEXT, add_special=False)
-            rows_diff, seqs_diff, top_diff = compare_rows(ctx, tokens, context)
-        finally:
-            ctx.close()
+        tokens = model.tokenize(TEXT, add_special=False)
+        rows_diff, seqs_diff, top_diff = compare_rows(ctx, tokens, context)
+        ctx.close()
     finally:
-        if model is not source:
-            model.close()
+        model.close()
     worst = max(rows_diff, seqs_diff)
     return RowExactness(
         exact=worst == 0.0, max_logit_diff=worst, rows_diff=rows_diff, seqs_diff=seqs_diff,
         top_logprob_diff=top_diff,
         compared=(f"logits of {ROWS} rows after {context} tokens, one at a time vs in one "
                   f"batch, and of one row alone vs beside {ROWS - 1} other sequences' rows"),
-        model=model.path.name, flash_attn=flash_attn, repack=repack, threads=threads,
-        context=context)
+        model=path.name, flash_attn=flash_attn, repack=repack, threads=threads, context=context)

@@ -105,9 +105,7 @@ def _running(entry: Loaded, llm: LLM) -> dict:
                        "slots_running": stats.running, "keep_alive_s": entry.keep_alive_s,
                        "idle_s": 0.0 if entry.active else round(now - entry.last_used, 3),
                        "loaded_at": rfc3339(entry.loaded_at),
-                       "n_gpu_layers": llm.n_gpu_layers,
-                       "flash_attn": llm.opts.use_flash_attn,
-                       "flash_attn_reason": llm.flash_attn_reason}}
+                       "n_gpu_layers": llm.n_gpu_layers}}
 
 
 def _expiry(entry: Loaded, now: float) -> str:
