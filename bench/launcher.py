@@ -6,6 +6,7 @@ the same way."""
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -21,6 +22,13 @@ from llmctl.errors import ServeFailed
 STARTUP_TIMEOUT_S = float(os.environ.get("LLMCTL_BENCH_STARTUP_TIMEOUT", "300"))
 STOP_GRACE_S = 20.0
 POLL_S = 0.2
+
+
+def variant(spec: str) -> tuple[str, list[str]]:
+    """A benchmark arm given as NAME='FLAGS': its label and argv words.
+    Raises ValueError for unbalanced quotes in FLAGS."""
+    label, _, flags = spec.partition("=")
+    return label, shlex.split(flags)
 
 
 def free_port() -> int:

@@ -13,8 +13,12 @@ Reported per server: TTFT of turn 1, of turns 2-6, and of turn 1 after the
 restart, with the prompt tokens the server said it reused; and for llmctl
 the restarted turn's answer against a cold prefill of the same request.
 
+Each --variant NAME='FLAGS' adds an llmctl arm with those serve flags
+(e.g. off='--flash-attn off'), run right after the default arm, with its
+ratio to it.
+
 Usage: .venv/bin/python scripts/bench_agent.py [--model qwen2.5-coder-0.5b]
-           [--tokens 8000] [--threads 2] [--json]
+           [--tokens 8000] [--threads 2] [--variant NAME='FLAGS'] [--skip-peers] [--json]
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from pathlib import Path
 import httpx
 
 from llmctl.bench.client import sse_chunks
-from llmctl.bench.launcher import Server
+from llmctl.bench.launcher import Server, variant
 
 LLAMA_SERVER = Path("/tmp/llama-server-build/bin/llama-server")
 WORDS = ("file test module edit read run check branch commit patch diff build lint "
@@ -121,6 +125,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=8000)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=16384)
+    ap.add_argument("--variant", action="append", default=[], help="NAME='SERVE FLAGS'")
+    ap.add_argument("--skip-peers", action="store_true", help="no llama-server arm")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     from llmctl.store.resolve import resolve_model
@@ -136,12 +142,18 @@ def main() -> None:
                                            env={"LLMCTL_HOME": where}, startup_timeout=900)
 
     report["llmctl"] = measure(llmctl([], home), args.model, rules, tools)
+    for label, flags in map(variant, args.variant):
+        arm = measure(llmctl(flags, tempfile.mkdtemp(prefix=f"llmctl-{label}-")),
+                      args.model, rules, tools)
+        report[f"llmctl {label}"] = arm
+        for key in ("turn1_s", "turns2_6_median_s", "restart_turn1_s"):
+            report[f"{key}_llmctl_over_{label}"] = report["llmctl"][key] / arm[key]
     cold_home = tempfile.mkdtemp(prefix="llmctl-cold-")
     with llmctl(["--no-prefix-cache"], cold_home)() as srv:
         cold = conversation(srv.url, args.model, rules, tools, run=2, turns=1)[0]
     report["llmctl"]["cold_restart_answer"] = cold["text"]
     report["llmctl"]["restart_answer_agrees"] = cold["text"] == report["llmctl"]["restart_answer"]
-    if LLAMA_SERVER.exists():
+    if LLAMA_SERVER.exists() and not args.skip_peers:
         def llama():
             return Server([str(LLAMA_SERVER), "-m", path, "--jinja", "-np", "1",
                            "-c", str(args.ctx), "--threads", str(args.threads), "--no-webui",

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import sys
 from collections.abc import Callable
@@ -40,7 +39,7 @@ from functools import partial
 from pathlib import Path
 
 from llmctl.bench.api import bench
-from llmctl.bench.launcher import Server, http_ok
+from llmctl.bench.launcher import Server, http_ok, variant
 from llmctl.runtime.system import default_threads
 from llmctl.store.resolve import resolve_model
 
@@ -56,13 +55,13 @@ def servers(threads: int, llama_server: Path | None, peers: bool, name: str = "s
     model = str(resolve_model(name).path)
     ours = [name, "--max-num-seqs", "16", "--ctx-size", str(CTX_PER_SEQ), "--threads", str(threads)]
     out = {"llmctl serve": partial(Server.llmctl_serve, *ours)}
-    for label, flags in map(_variant, variants):
+    for label, flags in map(variant, variants):
         out[f"llmctl serve {label}"] = partial(Server.llmctl_serve, *ours, *flags)
     if peers and llama_server and llama_server.exists():
         theirs = [str(llama_server), "-m", model, "-np", "16", "-c", str(16 * CTX_PER_SEQ),
                   "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1"]
         out["llama-server -np 16"] = partial(Server, theirs, ready=READY)
-        for label, flags in map(_variant, peer_variants):
+        for label, flags in map(variant, peer_variants):
             out[f"llama-server -np 16 {label}"] = partial(Server, [*theirs, *flags], ready=READY)
     if peers and _has_lcp_server():
         out["llama-cpp-python server"] = partial(
@@ -71,12 +70,6 @@ def servers(threads: int, llama_server: Path | None, peers: bool, name: str = "s
                      "--host", "127.0.0.1"],
             name="llama_cpp.server", ready=READY)
     return out
-
-
-def _variant(spec: str) -> tuple[str, list[str]]:
-    """NAME='FLAGS' as the arm's label and its argv words."""
-    label, _, flags = spec.partition("=")
-    return label, shlex.split(flags)
 
 
 def _has_lcp_server() -> bool:

@@ -41,7 +41,7 @@ from pathlib import Path
 import httpx
 
 from llmctl.bench.client import stream_chat
-from llmctl.bench.launcher import Server
+from llmctl.bench.launcher import Server, variant
 from llmctl.bench.spec_tasks import KINDS, TASKS
 from llmctl.store.resolve import resolve_model
 
@@ -248,8 +248,8 @@ def main() -> None:
         TASKS = [t for t in TASKS if t[1] in args.tasks.split(",")]
     OURS["llmctl auto"] = [*OURS["llmctl auto"], *shlex.split(args.auto_flags)]
     for v in args.variant:
-        name, _, flags = v.partition("=")
-        OURS[f"llmctl {name}"] = ["--spec", "auto", *shlex.split(flags)]
+        name, flags = variant(v)
+        OURS[f"llmctl {name}"] = ["--spec", "auto", *flags]
     args.levels = [int(x) for x in args.levels.split(",") if x]
     if args.skip_peers or not args.llama_server.exists():
         args.llama_server = None
