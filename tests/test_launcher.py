@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmctl.bench.launcher import Server, http_ok
+from llmctl.bench.launcher import Server, http_ok, variant
 from llmctl.errors import ServeFailed
 
 STUB = str(Path(__file__).with_name("stub_openai.py"))
@@ -55,3 +55,11 @@ def test_stop_kills_a_server_that_ignores_sigterm():
     with srv:
         srv.stop(grace=0.5)
     assert srv.returncode == -signal.SIGKILL
+
+
+def test_a_variant_names_its_arm_and_splits_its_flags_as_a_shell_would():
+    assert variant("fa-off=--flash-attn off") == ("fa-off", ["--flash-attn", "off"])
+    assert variant("sys=--system 'two words'") == ("sys", ["--system", "two words"])
+    assert variant("plain") == ("plain", [])
+    with pytest.raises(ValueError):
+        variant("bad=--system 'unclosed")
