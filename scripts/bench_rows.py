@@ -33,7 +33,8 @@ ROWS = (1, 2, 3, 5, 9)
 def measure(path, repack: bool, threads: int, repeat: int, n: int, flash_attn: bool,
             rows_list=ROWS) -> dict:
     model = LlamaModel(path, repack=repack)
-    ctx = LlamaContext(model, ContextConfig(n_ctx_seq=1024, n_seq_max=CHECKED + 2, n_batch=512,
+    n_ctx = max(1024, n + max(20, *rows_list) + 32)
+    ctx = LlamaContext(model, ContextConfig(n_ctx_seq=n_ctx, n_seq_max=CHECKED + 2, n_batch=512,
                                             n_threads=threads, flash_attn=flash_attn))
     try:
         toks = model.tokenize(TEXT, add_special=False)
@@ -41,7 +42,8 @@ def measure(path, repack: bool, threads: int, repeat: int, n: int, flash_attn: b
         while len(toks) < need:                         # long batches need more text
             toks += toks
         toks = toks[:need]
-        ctx.decode([(0, toks[:n], 0, 0)])
+        for start in range(0, n, 512):              # the context takes 512 at a time
+            ctx.decode([(0, toks[start:min(n, start + 512)], start, 0)])
         ms = {}
         for rows in rows_list:
             times = []

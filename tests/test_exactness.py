@@ -131,3 +131,22 @@ def test_exact_machines_compare_for_identity():
     assert assert_greedy_agree(Exact, [5, 7, 9], [5, 7, 9]) is None
     with pytest.raises(AssertionError, match="identical"):
         assert_greedy_agree(Exact, [5, 7, 9], [5, 8, 1], TOP)          # a tie is no excuse here
+
+
+def test_a_batch_refuses_rows_past_its_end_and_the_context_still_works():
+    # Past n_batch the batch's arrays end: a row there would be written over
+    # other memory, so it is refused before anything is written.
+    model = LlamaModel(smollm2_file())
+    try:
+        ctx = LlamaContext(model, ContextConfig(n_ctx_seq=256, n_seq_max=2, n_batch=64,
+                                                n_threads=2))
+        tokens = model.tokenize(ex.TEXT, add_special=False)
+        with pytest.raises(ValueError, match="65 tokens do not fit a batch of 64"):
+            ctx.decode([(0, tokens[:40], 0, 1), (1, tokens[:25], 0, 1)])
+        with pytest.raises(ValueError, match="do not fit"):
+            ctx.decode_rows(tokens[:65], 60)
+        whole = ctx.decode_rows(tokens[:64], 63)[0].copy()
+        assert whole.shape == (model.n_vocab,) and np.isfinite(whole).all()
+        ctx.close()
+    finally:
+        model.close()

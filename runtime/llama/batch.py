@@ -10,10 +10,11 @@ import llama_cpp as lc
 
 class Batch:
     """One llama_batch of up to `capacity` tokens, reused for every decode
-    of its context. Raises nothing; llama.cpp reads past `capacity` tokens
-    as out-of-bounds memory, so callers keep within it."""
+    of its context. `add` refuses to go past `capacity`: the arrays end
+    there, and a row past them would be written over other memory."""
 
     def __init__(self, capacity: int):
+        self.capacity = capacity
         self.raw = lc.llama_batch_init(capacity, 0, 1)
 
     def clear(self) -> None:
@@ -23,8 +24,12 @@ class Batch:
     def add(self, seq_id: int, tokens: Sequence[int], pos: int, n_logits: int) -> int:
         """Append `tokens` of sequence `seq_id` at positions pos, pos + 1, ...;
         the last `n_logits` of them output logits. Returns the batch row of
-        the first of those (-1 when n_logits is 0)."""
+        the first of those (-1 when n_logits is 0). Raises ValueError, with
+        nothing written, when the tokens would not fit."""
         b = self.raw
+        if b.n_tokens + len(tokens) > self.capacity:
+            raise ValueError(f"{b.n_tokens + len(tokens)} tokens do not fit a batch of "
+                             f"{self.capacity}")
         # Each field read of a ctypes struct builds a new pointer object:
         # read them once, not once a token.
         token, positions, n_seq_id, seq_ids, logits = b.token, b.pos, b.n_seq_id, b.seq_id, b.logits

@@ -93,7 +93,7 @@ class LlamaContext(ContextHandle):
         n_logits): logits for its last n_logits tokens (speculation checks
         several; True is one). Returns, per item, the batch index of its
         first logits row, the others following it (-1 where none). Raises
-        DecodeError."""
+        DecodeError, and ValueError for more tokens than n_batch."""
         b = self._batch
         b.clear()
         rows = [-1] * len(items)
@@ -118,7 +118,8 @@ class LlamaContext(ContextHandle):
     def decode_rows(self, tokens: list[int], first: int) -> np.ndarray:
         """Decode `tokens` as sequence 0 from position 0 (after `clear`) and
         return the logits of tokens[first:] as a (len - first, n_vocab)
-        float32 view, valid until the next decode. Raises DecodeError."""
+        float32 view, valid until the next decode. Raises DecodeError, and
+        ValueError for more tokens than n_batch."""
         b = self._batch
         b.clear()
         n = len(tokens)

@@ -46,7 +46,8 @@ class EmbeddingContext(ContextHandle):
     def embed(self, seqs: list[list[int]]) -> np.ndarray:
         """The pooled, unnormalised vectors of `seqs` (at most n_seq_max, with
         n_tokens tokens in all), one (n_embd,) float32 row each. Raises
-        DecodeError, and LlmctlError once the model is closed."""
+        DecodeError, LlmctlError once the model is closed, and ValueError
+        for more than n_tokens tokens."""
         if not self.ptr:
             raise LlmctlError("the model was unloaded")
         if self.mem:
