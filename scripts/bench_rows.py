@@ -30,12 +30,24 @@ from llmctl.store.resolve import resolve_model
 ROWS = (1, 2, 3, 5, 9)
 
 
+def _time(repeat: int, step, undo) -> float:
+    """Median ms of `step()`, with `undo()` after each."""
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+        undo()
+    return 1e3 * statistics.median(times)
+
+
 def measure(path, repack: bool, threads: int, repeat: int, n: int, flash_attn: bool,
-            rows_list=ROWS) -> dict:
+            rows_list=ROWS, seqs: int = 0) -> dict:
     model = LlamaModel(path, repack=repack)
     n_ctx = max(1024, n + max(20, *rows_list) + 32)
-    ctx = LlamaContext(model, ContextConfig(n_ctx_seq=n_ctx, n_seq_max=CHECKED + 2, n_batch=512,
-                                            n_threads=threads, flash_attn=flash_attn))
+    ctx = LlamaContext(model, ContextConfig(n_ctx_seq=n_ctx, n_seq_max=max(CHECKED + 2, seqs),
+                                            n_batch=512, n_threads=threads,
+                                            flash_attn=flash_attn))
     try:
         toks = model.tokenize(TEXT, add_special=False)
         need = n + max(20, *rows_list)
@@ -44,18 +56,19 @@ def measure(path, repack: bool, threads: int, repeat: int, n: int, flash_attn: b
         toks = toks[:need]
         for start in range(0, n, 512):              # the context takes 512 at a time
             ctx.decode([(0, toks[start:min(n, start + 512)], start, 0)])
-        ms = {}
-        for rows in rows_list:
-            times = []
-            for _ in range(repeat):
-                t = time.perf_counter()
-                ctx.decode([(0, toks[n:n + rows], n, rows)])
-                times.append(time.perf_counter() - t)
-                ctx.seq_rm(0, n, -1)
-            ms[rows] = 1e3 * statistics.median(times)
+        ms = {rows: _time(repeat, lambda rows=rows: ctx.decode([(0, toks[n:n + rows], n, rows)]),
+                          lambda: ctx.seq_rm(0, n, -1))
+              for rows in rows_list}
+        seq_ms = None
+        if seqs:        # a decode step of `seqs` sequences, one row each, as a full batch runs
+            for s in range(1, seqs):
+                ctx.seq_cp(0, s)
+            seq_ms = _time(repeat, lambda: ctx.decode([(s, toks[n:n + 1], n, 1)
+                                                       for s in range(seqs)]),
+                           lambda: [ctx.seq_rm(s, n, -1) for s in range(seqs)])
         rows_diff, seqs_diff, top_diff = compare_rows(ctx, toks, n)
-        return {"ms": ms, "max_logit_diff": rows_diff, "beside_other_seqs_diff": seqs_diff,
-                "top_logprob_diff": top_diff}
+        return {"ms": ms, "seqs_ms": seq_ms, "max_logit_diff": rows_diff,
+                "beside_other_seqs_diff": seqs_diff, "top_logprob_diff": top_diff}
     finally:
         ctx.close()
         model.close()
@@ -72,12 +85,15 @@ def main() -> None:
     ap.add_argument("--flash-attn", choices=("on", "off"), default="on")
     ap.add_argument("--rows", default=",".join(map(str, ROWS)),
                     help="row counts to time, e.g. 1,2,9,33,65 for long drafts")
+    ap.add_argument("--seqs", type=int, default=0,
+                    help="also time one decode step of this many sequences, a row each")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = tuple(int(r) for r in args.rows.split(","))
     path = resolve_model(args.model).path
     flash = args.flash_attn == "on"
-    result = {name: measure(path, repack, args.threads, args.repeat, args.context, flash, rows)
+    result = {name: measure(path, repack, args.threads, args.repeat, args.context, flash, rows,
+                            args.seqs)
               for name, repack in (("repacked", True), ("plain layout", False))}
     if args.json:
         print(json.dumps(result, indent=1))
@@ -87,6 +103,8 @@ def main() -> None:
     for name, r in result.items():
         one = r["ms"][1]
         steps = ", ".join(f"{k} rows {v:.0f} ms ({v / one:.1f}x)" for k, v in r["ms"].items())
+        if r["seqs_ms"] is not None:
+            steps += f", {args.seqs} sequences a row each {r['seqs_ms']:.0f} ms"
         print(f"{name:12}: {steps}; one-at-a-time vs together: max logit diff "
               f"{r['max_logit_diff']:.3g}; alone vs beside other sequences: "
               f"{r['beside_other_seqs_diff']:.3g}; top-10 logprob diff {r['top_logprob_diff']:.3g}")
