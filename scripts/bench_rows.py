@@ -44,18 +44,16 @@ def _time(repeat: int, step, undo) -> float:
 def measure(path, repack: bool, threads: int, repeat: int, n: int, flash_attn: bool,
             rows_list=ROWS, seqs: int = 0) -> dict:
     model = LlamaModel(path, repack=repack)
-    n_ctx = max(1024, n + max(20, *rows_list) + 32)
-    ctx = LlamaContext(model, ContextConfig(n_ctx_seq=n_ctx, n_seq_max=max(CHECKED + 2, seqs),
-                                            n_batch=512, n_threads=threads,
-                                            flash_attn=flash_attn))
+    need = n + max(20, *rows_list)
+    ctx = LlamaContext(model, ContextConfig(n_ctx_seq=max(1024, need + 32),
+                                            n_seq_max=max(CHECKED + 2, seqs), n_batch=512,
+                                            n_threads=threads, flash_attn=flash_attn))
     try:
         toks = model.tokenize(TEXT, add_special=False)
-        need = n + max(20, *rows_list)
         while len(toks) < need:                         # long batches need more text
             toks += toks
         toks = toks[:need]
-        for start in range(0, n, 512):              # the context takes 512 at a time
-            ctx.decode([(0, toks[start:min(n, start + 512)], start, 0)])
+        ctx.prefill(0, toks[:n])
         ms = {rows: _time(repeat, lambda rows=rows: ctx.decode([(0, toks[n:n + rows], n, rows)]),
                           lambda: ctx.seq_rm(0, n, -1))
               for rows in rows_list}

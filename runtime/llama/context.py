@@ -106,6 +106,13 @@ class LlamaContext(ContextHandle):
         self._run(b.raw)
         return rows
 
+    def prefill(self, seq_id: int, tokens: list[int], pos: int = 0) -> None:
+        """Compute the KV of `tokens` for `seq_id` from position `pos`, in
+        n_batch pieces, with no logits. Raises DecodeError."""
+        step = self.cfg.n_batch
+        for i in range(0, len(tokens), step):
+            self.decode([(seq_id, tokens[i:i + step], pos + i, 0)])
+
     def _run(self, batch: lc.llama_batch) -> None:
         rc = lc.llama_decode(self.ptr, batch)
         if rc != 0:

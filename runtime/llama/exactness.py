@@ -85,8 +85,7 @@ def compare_rows(ctx: LlamaContext, tokens: list[int], context: int = CONTEXT,
         raise ValueError(f"need {rows + 2} sequences, the context has {ctx.cfg.n_seq_max}")
     ctx.clear()
     head, tail = tokens[:context], tokens[context:context + rows]
-    for start in range(0, context, ctx.cfg.n_batch):
-        ctx.decode([(0, head[start:start + ctx.cfg.n_batch], start, 0)])
+    ctx.prefill(0, head)
     for seq in range(1, rows + 2):      # bit-identical KV in every sequence
         ctx.seq_cp(0, seq)
     alone = []

@@ -66,21 +66,16 @@ class Splicer:
                 ctx.seq_add(1, r.src, r.src + r.n, r.dst - r.src)
             at = prefix
             for r in runs:
-                self._compute(ctx, prompt[at:r.dst], at)
+                ctx.prefill(0, prompt[at:r.dst], at)
                 ctx.seq_cp(1, 0, r.dst, r.dst + r.n)
                 at = r.dst + r.n
             # One token more: a decode applies the pending shifts, and the
             # runs never cover the prompt's last token, so it exists.
-            self._compute(ctx, prompt[at:at + 1], at)
+            ctx.prefill(0, prompt[at:at + 1], at)
             ctx.seq_rm(1, -1, -1)
             return ctx.state_get(0), at + 1
         finally:
             ctx.clear()
-
-    def _compute(self, ctx: LlamaContext, tokens: list[int], pos: int) -> None:
-        step = self.cfg.n_batch
-        for i in range(0, len(tokens), step):
-            ctx.decode([(0, tokens[i:i + step], pos + i, 0)])
 
     def _context(self) -> LlamaContext:
         if self._ctx is None:
