@@ -59,7 +59,7 @@ def test_chunks_are_capped_at_one_ubatch():
     assert len(w.tokens) == 512
 
 
-def test_a_long_prompts_chunk_never_shares_a_step_with_a_neighbouring_slot():
+def test_a_long_prompts_chunk_runs_alone_and_its_neighbours_still_decode():
     s = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=512))
     a, b, c, d = seq(10), seq(200, 1000), seq(10, 2000), seq(100, 3000)
     admitted(s, a, b, c, d)
@@ -68,13 +68,20 @@ def test_a_long_prompts_chunk_never_shares_a_step_with_a_neighbouring_slot():
         x.status = Status.DECODING
         x.output.append(5)
     plan = s.schedule()
-    # b (slot 1) runs alone: a and c, its neighbours, wait; d (slot 3) is next
-    # to c, which sits this step out, but not to b.
-    assert {w.seq.slot for w in plan} == {1, 3}
-    b.status = d.status = Status.DECODING
-    b.output.append(5)
-    d.output.append(5)
-    assert {w.seq.slot for w in s.schedule()} == {0, 1, 2, 3}
+    # Everyone runs: b and d (prompts of a tile or more) each get a
+    # llama_decode call of their own, beside a and c's decode rows.
+    assert {w.seq.slot: w.alone for w in plan} == {0: False, 1: True, 2: False, 3: True}
+    assert [len(w.tokens) for w in plan if w.alone] == [200, 100]
+
+
+def test_prompts_shorter_than_a_tile_share_the_call():
+    s = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=512))
+    a, b = seq(TILE - 1), seq(TILE, 1000)
+    admitted(s, a, b)
+    assert [(len(w.tokens), w.alone) for w in s.schedule()] == [(TILE - 1, False), (TILE, True)]
+    plain = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=512, tile=1))
+    admitted(plain, seq(300))
+    assert [w.alone for w in plain.schedule()] == [False]
 
 
 def test_only_prompt_tokens_are_parked():
@@ -155,3 +162,32 @@ def test_next_turn_of_a_conversation_is_bit_exact(tmp_path, prompts, exactness):
     with load_fa(tmp_path / "cold", prefix_cache=False) as llm:
         same(exactness, warm[:2], ask(llm, turn)[:2])
     assert warm[2] > 0
+
+
+def test_a_prompt_beside_a_decoding_neighbour_computes_as_alone(tmp_path, prompts, exactness):
+    """b's prompt is computed while a, in the next slot, decodes: each of
+    its chunks is a llama_decode call of its own, and its first token's
+    log-probabilities are those of b alone."""
+    a_prompt, b_prompt = prompts[SUFFIXES[0]], prompts[SUFFIXES[1]]
+    with load_fa(tmp_path, prefix_cache=False) as llm:
+        alone = llm.complete(b_prompt, EXACT).logprobs[:1]
+        calls: list[list[tuple[int, int]]] = []
+        decode = llm.engine.ctx.decode
+
+        def spy(items):
+            calls.append([(seq_id, len(tokens)) for seq_id, tokens, _, _ in items])
+            return decode(items)
+
+        llm.engine.ctx.decode = spy
+        a = llm.stream(a_prompt, SamplingParams(temperature=0, max_tokens=48, ignore_eos=True))
+        next(a)                                 # a decodes from now on
+        beside = llm.complete(b_prompt, EXACT).logprobs[:1]
+        list(a)
+    a_slot = calls[0][0][0]                     # a's first prompt chunk
+    b_calls = [i for i, call in enumerate(calls) if call[0][0] != a_slot and call[0][1] > 1]
+    assert all(len(calls[i]) == 1 for i in b_calls)             # each a call alone
+    assert sum(calls[i][0][1] for i in b_calls) == len(b_prompt)
+    assert abs(calls[b_calls[0]][0][0] - a_slot) == 1           # in the next slot
+    a_rows = [i for i, call in enumerate(calls) if (a_slot, 1) in call]
+    assert a_rows[0] < b_calls[0] and b_calls[-1] < a_rows[-1]  # a decoded around them
+    same(exactness, ("", beside), ("", alone))

@@ -238,6 +238,17 @@ class Engine:
         self._streams[seq.id] = _Stream(self.model, seq, self.grammar_budget)
 
     def _decode(self, plan: list[Work]) -> None:
+        """The step's llama_decode calls: one for the decoding rows and
+        short prompts' chunks, then one per chunk the scheduler marked
+        `alone` (the tile rule's, which must not share a ubatch). Each
+        call's logits are consumed before the next overwrites them."""
+        shared = [w for w in plan if not w.alone]
+        for group in ([shared] if shared else []) + [[w] for w in plan if w.alone]:
+            live = [w for w in group if w.seq.status.has_slot]
+            if live:
+                self._decode_call(live)
+
+    def _decode_call(self, plan: list[Work]) -> None:
         """One llama_decode for the plan, then a sample per finished chunk.
         With no KV room (rc=1, the memory left as it was) the plan is split
         in halves, as llama-server does; logits are consumed before the next
@@ -255,7 +266,7 @@ class Engine:
             for half in halves:
                 live = [w for w in half if w.seq.status.has_slot]
                 if live:
-                    self._decode(live)
+                    self._decode_call(live)
             return
         for w, row in zip(plan, rows, strict=False):
             self._guard(w.seq, self._advance, w, row)

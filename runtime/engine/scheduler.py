@@ -10,7 +10,8 @@ budget's worth of prefill.
 The slots themselves (free, parked with KV, prefix plans) are the slot
 table's (slots.py). Prompts are cut by prefix_cache.rule's tile rule, so
 that a token's KV and logits never depend on whether its prefix came from
-the cache: a chunk cut for the budget leaves a tile for later.
+the cache: a chunk cut for the budget leaves a tile for later, and such a
+chunk is marked to run in a llama_decode call of its own (Work.alone).
 
 With speculation on, the scheduler only budgets guessed rows: it gives each
 decoding sequence `room` for guesses, which a proposer then fills in
@@ -65,6 +66,7 @@ class Work:
     draft: list[int] = field(default_factory=list)  # guesses after tokens[0], a proposer's
     room: int = 0       # guesses the budget allows this step (speculation)
     decode: bool = False  # a decoding sequence's step (its last token, and any draft)
+    alone: bool = False   # a tile-rule chunk: computed in a llama_decode call of its own
 
 
 class Scheduler:
@@ -163,24 +165,22 @@ class Scheduler:
     # ---- engine thread: steps ---------------------------------------------------
 
     def schedule(self) -> list[Work]:
-        """Plan one llama_decode call: a token per decoding sequence, then
-        prompt chunks, oldest first, up to the token budget.
+        """Plan one step: a token per decoding sequence, then prompt chunks,
+        oldest first, up to the token budget.
 
-        With a tile rule, a chunk of a long prompt runs with neither of its
-        neighbouring slots in the step (they wait a step): llama.cpp's equal
-        split puts consecutive seq ids in one ubatch, each with as many rows
-        as the shortest has, which would cut the chunk's first row off."""
+        With a tile rule, a chunk of a long prompt is marked `alone`: the
+        engine gives it a llama_decode call of its own. With one KV stream
+        per sequence, llama.cpp's equal split would put it in a ubatch with
+        the neighbouring slots' decode rows, each with as many rows as the
+        shortest has, and so compute its first row by another kernel. A call
+        of its own keeps the neighbours decoding in the same step."""
         decoding = [seq for seq in self.running if seq.status is Status.DECODING]
         budget = self.cfg.max_num_batched_tokens - len(decoding)
         chunks: list[Work] = []
-        taken: set[int] = set()     # slots with a chunk
-        alone: set[int] = set()     # ...that must not share a ubatch
         for seq in self.running:
             if budget <= 0:
                 break
-            isolate = self.cfg.tile > 1 and len(seq.prompt) >= self.cfg.tile
-            near = {seq.slot - 1, seq.slot + 1}
-            if seq.status is not Status.PREFILLING or near & alone or (isolate and near & taken):
+            if seq.status is not Status.PREFILLING:
                 continue
             n = self._chunk(seq, budget)
             if n == 0 and not chunks and not decoding:
@@ -188,15 +188,12 @@ class Scheduler:
             if n == 0:
                 continue
             done = seq.n_computed + n >= len(seq.prompt)
-            chunks.append(Work(seq, seq.prompt[seq.n_computed:seq.n_computed + n], seq.n_computed, done))
+            alone = self.cfg.tile > 1 and len(seq.prompt) >= self.cfg.tile
+            chunks.append(Work(seq, seq.prompt[seq.n_computed:seq.n_computed + n],
+                               seq.n_computed, done, alone=alone))
             budget -= n
-            taken.add(seq.slot)
-            if isolate:
-                alone.add(seq.slot)
-        skip = {slot + d for slot in alone for d in (-1, 1)}
-        steps = [seq for seq in decoding if seq.slot not in skip]
-        k = self._guess_budget(len(steps), bool(chunks))
-        return [self._decode_work(seq, k) for seq in steps] + chunks
+        k = self._guess_budget(len(decoding), bool(chunks))
+        return [self._decode_work(seq, k) for seq in decoding] + chunks
 
     def _guess_budget(self, n_decoding: int, prefilling: bool) -> int:
         """Guesses per decoding sequence this step: none while prompts wait
