@@ -15,6 +15,10 @@ each metric.
 `--variant NAME='FLAGS'` adds an llmctl arm with those serve flags (e.g.
 fa='--flash-attn on'), and `--peer-variant NAME='FLAGS'` a llama-server arm
 (e.g. fa-off='-fa off': llama-server turns flash attention on by default).
+`--tree NAME=DIR` adds an arm that runs the llmctl of another source tree
+(DIR holds its `llmctl/`, e.g. `git worktree add DIR COMMIT`), to measure a
+change against its parent side by side; `--serve-flags` go to every llmctl
+arm.
 
     .venv/bin/python scripts/bench_serve.py [--llama-server PATH] [--skip-peers]
         [--model smollm2] [--output-tokens 128] [--variant NAME='FLAGS' ...]
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import sys
 from collections.abc import Callable
@@ -40,6 +45,7 @@ from pathlib import Path
 
 from llmctl.bench.api import bench
 from llmctl.bench.launcher import Server, http_ok, variant
+from llmctl.errors import UsageError
 from llmctl.runtime.system import default_threads
 from llmctl.store.resolve import resolve_model
 
@@ -50,13 +56,24 @@ READY = http_ok("/health", "/v1/models")
 
 def servers(threads: int, llama_server: Path | None, peers: bool, name: str = "smollm2",
             variants: tuple[str, ...] = (), peer_variants: tuple[str, ...] = (),
+            trees: tuple[str, ...] = (), serve_flags: tuple[str, ...] = (),
             ) -> dict[str, Callable[[], Server]]:
-    """Each server to measure, as a factory: a port is picked at start."""
+    """Each server to measure, as a factory: a port is picked at start.
+    Raises UsageError for a tree without an llmctl package."""
     model = str(resolve_model(name).path)
-    ours = [name, "--max-num-seqs", "16", "--ctx-size", str(CTX_PER_SEQ), "--threads", str(threads)]
+    ours = [name, "--max-num-seqs", "16", "--ctx-size", str(CTX_PER_SEQ), "--threads", str(threads),
+            *serve_flags]
     out = {"llmctl serve": partial(Server.llmctl_serve, *ours)}
     for label, flags in map(variant, variants):
         out[f"llmctl serve {label}"] = partial(Server.llmctl_serve, *ours, *flags)
+    for label, tree in (spec.partition("=")[::2] for spec in trees):
+        if not (Path(tree) / "llmctl" / "__init__.py").is_file():
+            raise UsageError(f"--tree {label}={tree}: no llmctl package there")
+        # -P keeps the working directory (maybe this checkout) off the path, and
+        # PYTHONPATH comes before the editable install: that tree's llmctl runs.
+        out[f"llmctl serve {label}"] = partial(
+            Server, [sys.executable, "-P", "-m", "llmctl", "serve", *ours], name="llmctl serve",
+            env={"PYTHONPATH": str(Path(tree).resolve())})
     if peers and llama_server and llama_server.exists():
         theirs = [str(llama_server), "-m", model, "-np", "16", "-c", str(16 * CTX_PER_SEQ),
                   "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1"]
@@ -147,9 +164,17 @@ def main() -> None:
                     help="NAME='SERVE FLAGS': one more llmctl arm, e.g. fa='--flash-attn on'.")
     ap.add_argument("--peer-variant", action="append", default=[],
                     help="NAME='FLAGS': one more llama-server arm, e.g. fa-off='-fa off'.")
+    ap.add_argument("--tree", action="append", default=[],
+                    help="NAME=DIR: one more llmctl arm, run from the source tree DIR.")
+    ap.add_argument("--serve-flags", default="",
+                    help="Flags for every llmctl arm, e.g. '--flash-attn on'.")
     args = ap.parse_args()
-    factories = servers(args.threads, args.llama_server, not args.skip_peers, args.model,
-                        tuple(args.variant), tuple(args.peer_variant))
+    try:
+        factories = servers(args.threads, args.llama_server, not args.skip_peers, args.model,
+                            tuple(args.variant), tuple(args.peer_variant), tuple(args.tree),
+                            tuple(shlex.split(args.serve_flags)))
+    except UsageError as e:
+        ap.error(str(e))
     with ExitStack() as stack:
         started = {name: stack.enter_context(make()) for name, make in factories.items()}
         runs = run_rounds(started, args.rounds, args.output_tokens)

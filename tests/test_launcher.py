@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from llmctl.bench.launcher import Server, http_ok, variant
-from llmctl.errors import ServeFailed
+from llmctl.errors import ServeFailed, UsageError
 
 STUB = str(Path(__file__).with_name("stub_openai.py"))
 
@@ -63,3 +63,35 @@ def test_a_variant_names_its_arm_and_splits_its_flags_as_a_shell_would():
     assert variant("plain") == ("plain", [])
     with pytest.raises(ValueError):
         variant("bad=--system 'unclosed")
+
+
+def _bench_serve():
+    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+    try:
+        import bench_serve
+    finally:
+        sys.path.pop(0)
+    return bench_serve
+
+
+def test_a_tree_arm_runs_that_trees_llmctl(tmp_path):
+    """bench_serve's --tree: the arm runs `python -m llmctl` from the given
+    tree, ahead of the installed one (here a tree whose llmctl is the stub)."""
+    pkg = tmp_path / "llmctl"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text(
+        f"import runpy, sys\nsys.argv = [{STUB!r}, *sys.argv[-2:]]\n"
+        f"runpy.run_path({STUB!r}, run_name='__main__')\n")
+    arms = _bench_serve().servers(2, None, False, trees=(f"old={tmp_path}",),
+                                  serve_flags=("--flash-attn", "on"))
+    assert set(arms) == {"llmctl serve", "llmctl serve old"}
+    with arms["llmctl serve old"]() as srv:
+        assert srv.argv[-4:-2] == ["--flash-attn", "on"]
+        models = httpx.get(srv.url + "/v1/models", timeout=5).json()
+        assert models["data"][0]["id"] == "stub-model"      # the tree's, not the installed
+
+
+def test_a_tree_without_llmctl_is_refused(tmp_path):
+    with pytest.raises(UsageError, match="no llmctl package"):
+        _bench_serve().servers(2, None, False, trees=(f"old={tmp_path}",))
