@@ -190,11 +190,15 @@ def report(model: str, results: dict, levels: list[int]) -> None:
         print(f"{kind:9} auto {ours:6.2f} tok/s vs llama-server's best ({best[13:]}) "
               f"{theirs:6.2f}: x{ours / theirs:.2f}")
     for c in levels:
-        a, o = results["llmctl auto"]["loaded"][c], results["llmctl off"]["loaded"][c]
-        ratios = by_round(a, o)
-        print(f"c={c:<3} off {o['tok_s']:7.2f} tok/s, auto {a['tok_s']:7.2f} tok/s: "
-              f"x{statistics.median(ratios):.2f} (rounds' paired ratios: "
-              + ", ".join(f"{x:.2f}" for x in ratios) + ")")
+        o = results["llmctl off"]["loaded"][c]
+        # Every other arm under load too: an A/A arm's spread here is the
+        # floor for auto's ratio at this level.
+        for arm in (a for a in results if a.startswith("llmctl ") and a != "llmctl off"):
+            a = results[arm]["loaded"][c]
+            ratios = by_round(a, o)
+            print(f"c={c:<3} off {o['tok_s']:7.2f} tok/s, {arm[7:]} {a['tok_s']:7.2f} tok/s: "
+                  f"x{statistics.median(ratios):.2f} (rounds' paired ratios: "
+                  + ", ".join(f"{x:.2f}" for x in ratios) + ")")
 
 
 def paired(arm: dict, off: dict) -> dict:
