@@ -85,10 +85,18 @@ class Server:
         self._log: Path | None = None
 
     @classmethod
-    def llmctl_serve(cls, *args: str, **kwargs) -> "Server":
-        """`llmctl serve ARGS` from the llmctl this interpreter imports."""
-        return cls([sys.executable, "-m", "llmctl", "serve", *args], name="llmctl serve",
-                   **kwargs)
+    def llmctl_serve(cls, *args: str, tree: Path | None = None,
+                     env: Mapping[str, str] | None = None, **kwargs) -> "Server":
+        """`llmctl serve ARGS` from the llmctl this interpreter imports, or
+        with TREE from the llmctl package in that source tree (to measure a
+        change against its parent side by side)."""
+        if tree is None:
+            return cls([sys.executable, "-m", "llmctl", "serve", *args], name="llmctl serve",
+                       env=env, **kwargs)
+        # -P keeps the working directory (maybe this checkout) off the path, and
+        # PYTHONPATH comes before the editable install: that tree's llmctl runs.
+        return cls([sys.executable, "-P", "-m", "llmctl", "serve", *args], name="llmctl serve",
+                   env={**(env or {}), "PYTHONPATH": str(tree.resolve())}, **kwargs)
 
     @property
     def returncode(self) -> int | None:

@@ -69,11 +69,7 @@ def servers(threads: int, llama_server: Path | None, peers: bool, name: str = "s
     for label, tree in (spec.partition("=")[::2] for spec in trees):
         if not (Path(tree) / "llmctl" / "__init__.py").is_file():
             raise UsageError(f"--tree {label}={tree}: no llmctl package there")
-        # -P keeps the working directory (maybe this checkout) off the path, and
-        # PYTHONPATH comes before the editable install: that tree's llmctl runs.
-        out[f"llmctl serve {label}"] = partial(
-            Server, [sys.executable, "-P", "-m", "llmctl", "serve", *ours], name="llmctl serve",
-            env={"PYTHONPATH": str(Path(tree).resolve())})
+        out[f"llmctl serve {label}"] = partial(Server.llmctl_serve, *ours, tree=Path(tree))
     if peers and llama_server and llama_server.exists():
         theirs = [str(llama_server), "-m", model, "-np", "16", "-c", str(16 * CTX_PER_SEQ),
                   "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1"]

@@ -193,7 +193,7 @@ def report(model: str, results: dict, levels: list[int]) -> None:
         o = results["llmctl off"]["loaded"][c]
         # Every other arm under load too: an A/A arm's spread here is the
         # floor for auto's ratio at this level.
-        for arm in (a for a in results if a.startswith("llmctl ") and a != "llmctl off"):
+        for arm in (name for name in results if name.startswith("llmctl ") and name != "llmctl off"):
             a = results[arm]["loaded"][c]
             ratios = by_round(a, o)
             print(f"c={c:<3} off {o['tok_s']:7.2f} tok/s, {arm[7:]} {a['tok_s']:7.2f} tok/s: "

@@ -244,9 +244,7 @@ class Engine:
         call's logits are consumed before the next overwrites them."""
         shared = [w for w in plan if not w.alone]
         for group in ([shared] if shared else []) + [[w] for w in plan if w.alone]:
-            live = [w for w in group if w.seq.status.has_slot]
-            if live:
-                self._decode_call(live)
+            self._decode_call(group)
 
     def _decode_call(self, plan: list[Work]) -> None:
         """One llama_decode for the plan, then a sample per finished chunk.
