@@ -1,0 +1,82 @@
+"""scripts/bench_spec_ceiling.py's replay of an answer under each policy,
+on hand-made token streams and a made-up step-cost curve (no model is
+loaded): the ceilings order as their definitions say, and `--spec auto`'s
+own controller, replayed, gains on a copy and never guesses where nothing
+repeats."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmctl.runtime.speculation.adaptive import Controller
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_spec_ceiling.py"
+K = 8
+# A step's cost by its rows, in tiers of four as ggml's CPU kernels take them.
+COST = [0.0] + [1.0 + math.ceil((r - 1) / 4) for r in range(1, K + 2)]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_spec_ceiling", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_spec_ceiling"] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules["bench_spec_ceiling"]
+
+
+def speedups(bench, prompt, answer):
+    plain = len(answer) * COST[1]
+    out = {}
+    for policy in bench.POLICIES:
+        seconds, steps = bench.replay(prompt, answer, COST, K, policy, 8, Controller())
+        out[policy] = (plain / seconds, steps)
+    return out
+
+
+def test_a_copied_answer_is_guessed_and_the_ceilings_order(bench):
+    text = list(range(1000, 1300))
+    got = speedups(bench, [1, 2, *text, 3], text)
+    assert got["oracle"][1] == math.ceil(len(text) / (K + 1))
+    # every guess of a verbatim copy holds once two answer tokens match the
+    # prompt: the n-gram ceiling is the oracle's but for two plain steps
+    assert got["ngram-oracle"][1] == got["oracle"][1] + 2
+    assert got["lookup-oracle"][0] >= got["ngram-oracle"][0]
+    # same guesses, same kept runs: checking all of them costs at least as much
+    assert got["ngram-oracle"][0] >= got["ngram-all"][0]
+    assert got["auto"][0] > 1.5
+
+
+def test_nothing_repeats_nothing_is_guessed(bench):
+    answer = list(range(5000, 5200))
+    got = speedups(bench, [1, 2, 3], answer)
+    assert got["oracle"][0] > 1.0
+    for policy in ("lookup-oracle", "ngram-oracle", "ngram-all", "ngram-threshold", "auto"):
+        assert got[policy] == (pytest.approx(1.0), len(answer))
+
+
+def test_guesses_that_fail_cost_only_the_policies_that_check_them(bench):
+    # "a b" recurs, each time followed by something new: the n-gram proposer
+    # always guesses and is always wrong
+    answer = []
+    for i in range(40):
+        answer += [7, 8, 100 + i]
+    got = speedups(bench, [1], answer)
+    assert got["ngram-oracle"][0] == pytest.approx(1.0)
+    assert got["ngram-all"][0] < 1.0
+
+
+def test_best_copy_looks_past_the_longest_match(bench):
+    history = [5, 1, 2, 9, 5, 1, 3, 4, 5]
+    answer = [1, 2, 9]
+    # the nearest 5 goes on 1, 3: wrong after one; the first goes on 1, 2, 9
+    assert bench._best_copy(history, answer, 0, 8) == 3
+    assert bench.held([1, 3], answer, 0) == 1
