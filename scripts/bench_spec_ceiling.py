@@ -114,15 +114,16 @@ def replay(prompt: list[int], answer: list[int], cost: list[float], k: int,
     seconds, steps, at = 0.0, 0, 0
     record = SeqSpec()
     while at < len(answer):
+        room = min(k, len(answer) - at - 1)     # as the scheduler allows: none past the end
+        history = prompt + answer[:at]
         if policy == "auto":
-            checked, kept = _auto_step(controller, record, prompt + answer[:at], answer, at,
-                                       min(k, len(answer) - at - 1), cost)
+            checked, kept = _auto_step(controller, record, history, answer, at, room, cost)
         elif policy == "oracle":
-            checked = kept = min(k, len(answer) - at - 1)
+            checked = kept = room
         elif policy == "lookup-oracle":
-            checked = kept = _best_copy(prompt + answer[:at], answer, at, min(k, len(answer) - at - 1))
+            checked = kept = _best_copy(history, answer, at, room)
         else:
-            g = ngram_guess(prompt + answer[:at], k)
+            g = ngram_guess(history, room)
             kept = held(g.tokens, answer, at)
             if policy == "ngram-oracle":
                 checked = kept
