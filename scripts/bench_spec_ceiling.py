@@ -8,19 +8,22 @@ process. The cost of a decode step of 1 to 1+K rows is then timed after a
 200-token prompt, the counts interleaved round by round so that drift on a
 shared machine spreads over all of them, and made monotone (a count costs
 at most what any larger count was measured at). Replaying each answer
-token by token, with its prompt, gives four policies' steps, priced with
-that curve, against plain decoding's one row a step:
+token by token after its first (which comes from the prompt's step), with
+its prompt, gives these policies' steps, priced with that curve, against
+plain decoding's one row a step:
 
 - oracle: a proposer that always guesses the K next tokens right (the
   ceiling of any speculation with drafts of K);
 - lookup, oracle: of every earlier occurrence of the last token, the one
   whose continuation holds longest, checking exactly what holds (the
-  ceiling of any proposer that copies from the prompt and output);
+  ceiling of any lookup proposer: one that copies what followed the last
+  token somewhere in the prompt and output);
 - ngram, oracle-checked: the n-gram proposer's guesses, checking exactly
   the ones that will hold (the ceiling of any controller over this
   proposer);
-- ngram, all checked: every guess the proposer makes, up to K (what
-  `--spec ngram` does with a cap of K);
+- ngram, all checked: every guess the proposer makes, up to K
+  (`--spec ngram` without the cap that shrinks after a failed check, so
+  it overstates what that mode's failures cost);
 - ngram, threshold: the guesses checked only behind a match of at least
   --min-match tokens, up to K;
 - auto, replayed: `--spec auto`'s own controller (speculation/adaptive.py)
@@ -33,7 +36,8 @@ proposer's and sampler's time per step, and steps that need more than the
 rows (the step's graph is split where sequences decode unequal rows).
 
     .venv/bin/python scripts/bench_spec_ceiling.py [--model qwen2.5-coder-0.5b]
-        [--tokens 128] [--draft-max 16] [--repeat 9] [--json]
+        [--tokens 128] [--draft-max 16] [--min-match 8] [--repeat 9]
+        [--rounds 3] [--threads N] [--json]
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ import statistics
 import time
 
 from llmctl.bench.spec_tasks import KINDS, TASKS
-from llmctl.runtime.engine.events import TokenEvent
+from llmctl.runtime.engine.events import FinishEvent, TokenEvent
 from llmctl.runtime.llama import ContextConfig, LlamaContext, LlamaModel
 from llmctl.runtime.llama.exactness import TEXT
 from llmctl.runtime.llm import LLM, LoadOptions
@@ -59,14 +63,17 @@ CONTEXT = 200
 
 
 def answers(model: str, tokens: int, threads: int) -> list[tuple[list[int], list[int]]]:
-    """(prompt tokens, greedy answer tokens) per task, plain decoding."""
+    """(prompt tokens, greedy answer tokens) per task, plain decoding.
+    The tokens are read from their logprobs: an event per released text
+    would miss the tokens whose bytes were held back."""
     out = []
-    opts = LoadOptions(threads=threads, flash_attn=True, prefix_cache=False)
+    opts = LoadOptions(threads=threads, flash_attn=True, prefix_cache=False, spec=None)
+    params = SamplingParams(temperature=0, max_tokens=tokens, logprobs=0)
     with LLM.load(model, opts) as llm:
         for _, _, text in TASKS:
             prompt = llm.chat_tokens([{"role": "user", "content": text}])
-            got = [e.token for e in llm.stream(prompt, SamplingParams(temperature=0, max_tokens=tokens))
-                   if isinstance(e, TokenEvent)]
+            got = [lp.chosen.token for e in llm.stream(prompt, params)
+                   if isinstance(e, TokenEvent | FinishEvent) for lp in e.logprobs]
             out.append((prompt, got))
     return out
 
@@ -110,8 +117,9 @@ def held(guess: list[int], answer: list[int], at: int) -> int:
 
 def replay(prompt: list[int], answer: list[int], cost: list[float], k: int,
            policy: str, min_match: int, controller: Controller) -> tuple[float, int]:
-    """Seconds a policy takes over the answer, and its steps."""
-    seconds, steps, at = 0.0, 0, 0
+    """Seconds a policy takes over the answer after its first token (the
+    prompt's step gives that one), and its steps."""
+    seconds, steps, at = 0.0, 0, 1
     record = SeqSpec()
     while at < len(answer):
         room = min(k, len(answer) - at - 1)     # as the scheduler allows: none past the end
@@ -193,7 +201,8 @@ def _rates(prompt: list[int], answer: list[int], cost: list[float], k: int, poli
            min_match: int, controller: Controller) -> tuple[float, float]:
     """(speed-up over plain decoding, tokens per step) of one replay."""
     seconds, steps = replay(prompt, answer, cost, k, policy, min_match, controller)
-    return len(answer) * cost[1] / seconds if seconds else 1.0, len(answer) / max(1, steps)
+    n = len(answer) - 1
+    return n * cost[1] / seconds if seconds else 1.0, n / max(1, steps)
 
 
 def main() -> None:
@@ -208,6 +217,8 @@ def main() -> None:
                     help="times the tasks are replayed under auto, on one controller")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.rounds < 1 or args.draft_max < 1 or args.repeat < 1:
+        ap.error("--rounds, --draft-max and --repeat must be at least 1")
     k = args.draft_max
     cost = step_costs(args.model, args.threads, k + 1, args.repeat)
     rows = measure_tasks(answers(args.model, args.tokens, args.threads), cost, k,
