@@ -238,5 +238,6 @@ def main() -> None:
         print(f"{'median ' + kind:31} " + " ".join(f"{statistics.median(r[p] for r in of):>15.2f}"
                                                    for p in POLICIES))
 
+
 if __name__ == "__main__":
     main()
