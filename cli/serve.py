@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from typing_extensions import Annotated
@@ -38,9 +38,15 @@ MaxNumSeqs = Annotated[int, typer.Option(
 MaxNumBatchedTokens = Annotated[int, typer.Option(
     "--max-num-batched-tokens", min=2, envvar="LLMCTL_MAX_NUM_BATCHED_TOKENS",
     help="Token budget of one step: decode tokens plus prompt chunks.")]
-MaxQueue = Annotated[int, typer.Option(
-    "--max-queue", min=1, envvar="LLMCTL_MAX_QUEUE",
-    help="Waiting requests beyond the running ones; more get 429.")]
+MaxQueued = Annotated[int, typer.Option(
+    "--max-queued", min=1, envvar="LLMCTL_MAX_QUEUED",
+    help="Requests that may wait beyond the running ones; more get 503 with "
+         "Retry-After.")]
+MaxQueuedMb = Annotated[Optional[float], typer.Option(
+    "--max-queued-mb", min=1.0, envvar="LLMCTL_MAX_QUEUED_MB", show_default=False,
+    help="Memory the waiting requests may hold (bodies and what parsing makes of "
+         "them), in MiB; past it, 503 with Retry-After. Default: 5% of RAM, "
+         "256-1024.")]
 ApiKey = Annotated[str, typer.Option(
     "--api-key", envvar="LLMCTL_API_KEY", help="Require 'Authorization: Bearer KEY'.")]
 NoPrefixCache = Annotated[bool, typer.Option(
@@ -95,15 +101,20 @@ FLASH_ATTN = {FlashAttn.auto: None, FlashAttn.on: True, FlashAttn.off: False}
 @o.option_group
 @dataclasses.dataclass(frozen=True)
 class Batching:
-    """How many sequences one engine runs and queues, and its step budget."""
+    """How many sequences one engine runs, its step budget, and how many
+    requests the server queues (admission.py)."""
 
     max_num_seqs: MaxNumSeqs = 16
     max_num_batched_tokens: MaxNumBatchedTokens = 512
-    max_queue: MaxQueue = 256
+    max_queued: MaxQueued = 16384
+    max_queued_mb: MaxQueuedMb = None
 
     def load_fields(self) -> dict[str, int]:
-        """The LoadOptions fields these options set."""
-        return dataclasses.asdict(self)
+        """The LoadOptions fields these options set: an engine queues what
+        the server admitted, so its own bound is the server's."""
+        return {"max_num_seqs": self.max_num_seqs,
+                "max_num_batched_tokens": self.max_num_batched_tokens,
+                "max_queue": self.max_queued}
 
 
 @o.option_group
@@ -182,7 +193,8 @@ def serve(
         err.print(f"Serving on {url}/v1{page} (Ctrl-C to stop)")
 
     install_first(model)
-    serve_model(model, host, port, load, policy, settings=settings, on_ready=ready)
+    serve_model(model, host, port, load, policy, settings=settings, on_ready=ready,
+                queue=(batching.max_queued, batching.max_queued_mb))
 
 
 def install_first(model: str | None) -> None:

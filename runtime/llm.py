@@ -18,7 +18,7 @@ from llmctl.runtime.engine.build import start_engine
 from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent, Usage
 from llmctl.runtime.engine.logprobs import TokenLogprob
 from llmctl.runtime.engine.loop import Engine
-from llmctl.runtime.engine.sequence import Sequence
+from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.engine.stats import Stats
 from llmctl.runtime.formats.reasoning import opens_thought
 from llmctl.runtime.formats.template import ChatTemplate, normalize_messages
@@ -348,6 +348,11 @@ class AsyncStream:
     @property
     def n_prompt(self) -> int:
         return len(self.seq.prompt)
+
+    @property
+    def waiting(self) -> bool:
+        """Still in the engine's queue, with no slot yet."""
+        return self.seq.status is Status.WAITING
 
     async def next_batch(self, timeout: float | None = None) -> list:
         """Every event that has arrived, waiting for at least one. Raises

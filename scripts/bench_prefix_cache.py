@@ -122,7 +122,7 @@ def throughput_bench(args, model_path: str) -> dict:
                ("llmctl --no-prefix-cache", ["--no-prefix-cache"])]
     for name, extra in configs:
         with llmctl_server(args, tempfile.mkdtemp(prefix="llmctl-bench-"), 1024, 16,
-                           ["--max-queue", "64", *extra]) as srv:
+                           ["--max-queued", "64", *extra]) as srv:
             out[name] = asyncio.run(load_run(srv.url, 32, 16, 64))
         print(name, out[name], file=sys.stderr)
     if LLAMA_SERVER.exists():

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from llmctl.server import errors, info_routes, middleware
+from llmctl.server.admission import AdmissionGuard
 from llmctl.server.anthropic import routes as anthropic
 from llmctl.server.ollama import routes as ollama
 from llmctl.server.openai import completions, embeddings
@@ -35,6 +36,8 @@ def create_app(state: ServerState, bind_host: str | None = None) -> FastAPI:
     app = FastAPI(title="llmctl", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.llmctl = state
     errors.install(app)
+    # Innermost: only requests that passed the access policy are admitted.
+    app.add_middleware(AdmissionGuard, admission=state.admission)
     # The access policy the cluster's ingress applies too (middleware.layers).
     middleware.install(app, state.policy, bind_host)
     app.include_router(info_routes.router)

@@ -1,8 +1,9 @@
 """One generation's lifecycle, whatever protocol asked for it: lease the
 model, turn the request's tools and formats into sampling parameters and
 render and tokenize its prompt (off the event loop, on the server's
-workers), open its n streams, watch for the client's disconnect, stream the
-protocol's frames or collect whole answers, and release the lease.
+workers), open its n streams (the admission guard cancels all of it when the
+client leaves), stream the protocol's frames or collect whole answers, and
+release the lease.
 
 A protocol (server/openai/, server/ollama/) hands over a GenerationRequest
 and a Dialect: its parameters, how to read an answer (tool calls,
@@ -30,11 +31,11 @@ from llmctl.runtime.formats.tool_calls import ToolFormat
 from llmctl.runtime.llm import LLM, AsyncStream
 from llmctl.runtime.pool.model_pool import Lease
 from llmctl.runtime.sampling import SamplingParams
-from llmctl.server.body import json_body
+from llmctl.server.admission import ticket_of
+from llmctl.server.body import INLINE_BYTES, json_body
 from llmctl.server.chat_output import ToolSetup
 from llmctl.server.state import ServerState, leased, state_of
 from llmctl.server.tool_protocol import Structured
-from llmctl.server.watch import cancel_on_disconnect
 from llmctl.server.workers import converting_field, parse_within_deadline, run_on
 
 # A keep-alive frame this often while nothing else is sent (a long CPU
@@ -174,18 +175,29 @@ async def parse_generation(request: Request, converting: tuple[str, ...],
                            chat: bool) -> tuple[ServerState, R]:
     """The server's state and `parse(body, chat, defaults)` of the request's
     body, `defaults` being the server's with the preset the body's `model`
-    names (or the default preset) over them. Fields that become grammars (`converting`) are CPU work of
-    unbounded cost: the parse runs on the parse workers, never on the loop,
-    and is a 400 past their deadline. Raises what json_body, parse and
-    parse_within_deadline raise."""
+    names (or the default preset) over them. Fields that become grammars
+    (`converting`) are CPU work of unbounded cost: such a parse runs in the
+    expensive lane, the parse workers, and is a 400 past their deadline. A
+    small body without them parses on the loop, and a large one on the body
+    workers, so neither waits behind a conversion. Raises what json_body,
+    parse and parse_within_deadline raise."""
     state = state_of(request)
     body = await json_body(request)
     # A preset's defaults sit between the request's own fields and the server's.
     model = body.get("model")
     preset = state.preset(model if isinstance(model, str) else None)
     defaults = preset.params(state.defaults) if preset else state.defaults
-    req = await parse_within_deadline(state.workers, converting_field(body, converting),
-                                      parse, body, chat, defaults)
+    field = converting_field(body, converting)
+    if field is not None:
+        req = await parse_within_deadline(state.workers, field, parse, body, chat, defaults)
+    elif len(await request.body()) <= INLINE_BYTES:
+        req = parse(body, chat, defaults)       # as cheap as the JSON parse before it
+    else:
+        req = await parse_within_deadline(state.workers, None, parse, body, chat, defaults,
+                                          lane=state.workers.body)
+    ticket = ticket_of(request.scope)
+    if ticket is not None:
+        ticket.model = state.model_of(getattr(req, "model", None))
     return state, req
 
 
@@ -204,13 +216,19 @@ async def _on_lease(request: Request, state: ServerState, req: GenerationRequest
                     dialect: Dialect, held: tuple[Lease, float]) -> Response:
     lease, leased_at = held
     llm = lease.llm
+    ticket = ticket_of(request.scope)
+    if ticket is not None:
+        ticket.model = lease.name
     preset = state.preset(req.model)
     name = preset.name if preset else lease.name        # what the client asked for
     template = llm.chat_template(preset.template if preset else None)
     params = dialect.sampling(llm.n_ctx)
-    # Tools become a grammar only now, for this model's format: off the loop too.
-    params = await parse_within_deadline(state.workers, "tools" if req.structured.tools else None,
-                                         req.structured.sampling, params, template.tool_format)
+    if req.structured.tools:
+        # Tools become a grammar only now, for this model's format: off the loop too.
+        params = await parse_within_deadline(state.workers, "tools", req.structured.sampling,
+                                             params, template.tool_format)
+    else:
+        params = req.structured.sampling(params, template.tool_format)
     # Rendering and tokenizing a large prompt takes a while: off the loop.
     tokens = await run_on(state.workers.render, prompt_tokens, llm, req.prompt, preset)
     params = dialect.fit(params, len(tokens), llm.n_ctx)
@@ -218,17 +236,19 @@ async def _on_lease(request: Request, state: ServerState, req: GenerationRequest
                                         llm.opens_thought(tokens)))
     frames = dialect.frames(Generation(name, leased_at, setup, params, req.n, len(tokens)))
     merged = Merged(open_streams(llm, tokens, params, req.n))
-    watcher = asyncio.create_task(cancel_on_disconnect(request, merged.streams))
+    if ticket is not None:
+        ticket.streams = merged.streams     # it leaves the queue once they hold a slot
+    # A client that leaves cancels this handler wherever it waits (the
+    # admission guard watches every connection), and `merged` is closed.
     if req.stream:
         # The stream releases the lease when it ends; the background task
         # also does, should the stream never start (release is idempotent).
-        return StreamingResponse(_stream(merged, watcher, frames, dialect.keepalive, lease),
+        return StreamingResponse(_stream(merged, frames, dialect.keepalive, lease),
                                  media_type=dialect.media_type, headers=dialect.headers or None,
                                  background=BackgroundTask(lease.release))
     try:
         answers = await collect(merged)
     finally:
-        watcher.cancel()
         merged.close()
     if answers is None:             # the client is gone: nobody reads this
         return Response(status_code=499)
@@ -279,7 +299,7 @@ class Merged:
 
     def __init__(self, streams: list[AsyncStream]):
         self.streams = streams
-        self._queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[int, Event]] | None = None     # n > 1 only
         self._pumps: list[asyncio.Task] = []
 
     async def next_batch(self, timeout: float | None = None) -> list[tuple[int, Event]]:
@@ -287,8 +307,10 @@ class Merged:
         TimeoutError when nothing comes within `timeout` seconds."""
         if len(self.streams) == 1:
             return [(0, e) for e in await self.streams[0].next_batch(timeout)]
-        if not self._pumps:
-            self._pumps = [asyncio.create_task(self._pump(i, s))
+        if self._queue is None:
+            queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+            self._queue = queue
+            self._pumps = [asyncio.create_task(self._pump(i, s, queue))
                            for i, s in enumerate(self.streams)]
         async with asyncio.timeout(timeout or None):
             batch = [await self._queue.get()]
@@ -296,10 +318,11 @@ class Merged:
             batch.append(self._queue.get_nowait())
         return batch
 
-    async def _pump(self, index: int, stream: AsyncStream) -> None:
+    @staticmethod
+    async def _pump(index: int, stream: AsyncStream, queue: asyncio.Queue) -> None:
         while not stream.done:
             for event in await stream.next_batch():
-                self._queue.put_nowait((index, event))
+                queue.put_nowait((index, event))
 
     def close(self) -> None:
         """Stop the pumps and close every stream (cancelling what still runs)."""
@@ -309,7 +332,7 @@ class Merged:
             stream.close()
 
 
-async def _stream(merged: Merged, watcher: asyncio.Task, frames: Frames,
+async def _stream(merged: Merged, frames: Frames,
                   keepalive: str | None, lease: Lease) -> AsyncIterator[str]:
     try:
         opening = frames.opening()
@@ -328,7 +351,6 @@ async def _stream(merged: Merged, watcher: asyncio.Task, frames: Frames,
             if out:
                 yield out
     finally:
-        watcher.cancel()
         merged.close()
         lease.release()
 

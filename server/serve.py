@@ -15,10 +15,11 @@ from llmctl.runtime.config import LoadOptions
 from llmctl.runtime.llm import check_draft
 from llmctl.runtime.pool.model_pool import ModelPool
 from llmctl.runtime.pool.room import FOREVER
+from llmctl.server.admission import Admission
 from llmctl.server.app import create_app
 from llmctl.server.state import HttpPolicy, ServerState
 from llmctl.store.registry import load_registry
-from llmctl.store.resolve import default_model_name, resolve_model
+from llmctl.store.resolve import ResolvedModel, default_model_name, resolve_model
 
 GIB = 1 << 30
 
@@ -83,14 +84,64 @@ def check_port(host: str, port: int) -> None:
             raise UsageError(f"cannot listen on {host}:{port}: {e.strerror}") from None
 
 
+def raise_open_files_limit(connections: int) -> None:
+    """Lift this process's open-file limit towards its hard limit, so that
+    `connections` queued clients (a socket each) fit: many systems start
+    processes at 1,024, which a burst passes. Raises nothing."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = connections + 1024          # model files, logs, the listener
+        if soft != resource.RLIM_INFINITY and soft < want:
+            top = want if hard == resource.RLIM_INFINITY else min(want, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, top), hard))
+    except (ImportError, ValueError, OSError):
+        pass                # a platform without it, or a limit we may not lift
+
+
+def _preload(state: ServerState, resolved: ResolvedModel | None,
+             on_ready: Callable[[str], None] | None, url: str) -> None:
+    """Load the model `serve` was started with; /health answers 503 while
+    this runs, so orchestrators can wait. Raises nothing: a failure is
+    reported through /health and the log."""
+    try:
+        if resolved is not None:
+            state.pool.acquire(resolved.name, FOREVER).release()
+    except Exception as e:
+        state.load_error = str(e)
+        logging.getLogger("llmctl.server").error("model failed to load: %s", e)
+        return
+    finally:
+        state.preloading = False
+    if on_ready:
+        on_ready(url)
+
+
+def queue_bounds(queue: tuple[int | None, float | None], max_body: int) -> Admission:
+    """The server's Admission for (--max-queued, --max-queued-mb). Raises
+    UsageError for a bad setting, or a memory bound that cannot hold one
+    request of `max_body` bytes (it could never be admitted)."""
+    admission = Admission.from_settings(*queue)
+    need = admission.charge_for(max_body)
+    if need > admission.max_queued_bytes:
+        raise UsageError(f"--max-queued-mb {admission.max_queued_bytes / (1 << 20):g} cannot "
+                         f"hold one request of --max-body-mb {max_body / (1 << 20):g} "
+                         f"(that needs {need / (1 << 20):.1f} MiB)")
+    return admission
+
+
 def serve(model: str | None, host: str, port: int, load: LoadOptions,
           policy: HttpPolicy | None = None, on_ready: Callable[[str], None] | None = None,
-          settings: PoolSettings | None = None) -> None:
+          settings: PoolSettings | None = None,
+          queue: tuple[int | None, float | None] = (None, None)) -> None:
     """Serve until interrupted. With `model` (a model, or a preset of the
     config file, whose model is loaded and which requests that name none
     get) it is loaded at start and kept (LRU eviction aside); without,
-    models load on their first request. Raises UsageError (port in use),
-    ConfigError (a bad preset) and what resolving `model` raises."""
+    models load on their first request. `queue` is (--max-queued,
+    --max-queued-mb); None: LLMCTL_MAX_QUEUED(_MB), else the defaults.
+    Raises UsageError (port in use, a bad setting), ConfigError (a bad
+    preset) and what resolving `model` raises."""
     import uvicorn
 
     from llmctl.config_file import load_config
@@ -103,10 +154,12 @@ def serve(model: str | None, host: str, port: int, load: LoadOptions,
     resolved = resolve_model(preset.model if preset else model) if model else None
     if resolved is not None:
         check_draft(resolved, load)     # a bad draft pair fails now, not after listening
+    admission = queue_bounds(queue, (policy or HttpPolicy()).max_body_bytes)
     check_port(host, port)
+    raise_open_files_limit(admission.max_queued)
     pool = ModelPool(load, models_max=settings.models_max,
                      memory_budget=settings.memory_budget or default_memory_budget(),
-                     keep_alive_s=settings.keep_alive_s)
+                     keep_alive_s=settings.keep_alive_s, max_waiters=admission.max_queued)
     if resolved is not None:
         pool.add_named(resolved, *_aliases(resolved.name, resolved.path.stem))
     # Without a model on the command line, a request that names none gets
@@ -114,24 +167,11 @@ def serve(model: str | None, host: str, port: int, load: LoadOptions,
     default = preset.name if preset else resolved.name if resolved else default_model_name()
     state = ServerState(pool, default=default, presets=presets,
                         policy=policy or HttpPolicy(), preloading=resolved is not None,
-                        reasoning_format=settings.reasoning_format)
+                        reasoning_format=settings.reasoning_format, admission=admission)
     app = create_app(state, bind_host=host)
-
-    def preload() -> None:
-        # /health answers 503 while this runs, so orchestrators can wait.
-        try:
-            if resolved is not None:
-                pool.acquire(resolved.name, FOREVER).release()
-        except Exception as e:  # reported through /health and the log
-            state.load_error = str(e)
-            logging.getLogger("llmctl.server").error("model failed to load: %s", e)
-            return
-        finally:
-            state.preloading = False
-        if on_ready:
-            on_ready(f"http://{host}:{port}")
-
-    loader = threading.Thread(target=preload, name="llmctl-load", daemon=True)
+    loader = threading.Thread(target=_preload, args=(state, resolved, on_ready,
+                                                     f"http://{host}:{port}"),
+                              name="llmctl-load", daemon=True)
     loader.start()
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                             timeout_graceful_shutdown=3)

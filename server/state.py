@@ -15,6 +15,7 @@ from fastapi.responses import Response, StreamingResponse
 from llmctl.errors import EngineFailed, ModelLoading, ModelNotFound, ModelsBusy
 from llmctl.runtime.pool.model_pool import Lease, Loaded, ModelPool, Reservation
 from llmctl.runtime.sampling import SamplingParams
+from llmctl.server.admission import Admission
 from llmctl.server.keep_alive import request_keep_alive
 from llmctl.server.model_names import resolve_request, untagged
 from llmctl.server.workers import Workers, run_on
@@ -55,8 +56,18 @@ class ServerState:
     load_error: str | None = None       # ... and it failed
     started: float = field(default_factory=time.time)
     workers: Workers = field(default_factory=Workers)   # the app shuts them down
+    admission: Admission = field(default_factory=Admission)     # what may queue
     # name -> its one resolve
     _resolving: dict[str, asyncio.Future[ResolvedModel]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.admission.slots = self.slots
+
+    def slots(self) -> int:
+        """The loaded engines' slots (at least one model's worth, so a
+        server still loading its model counts the slots it will have)."""
+        loaded = [e.llm.opts.max_num_seqs for e in self.pool.loaded() if e.llm is not None]
+        return sum(loaded) or self.pool.opts.max_num_seqs
 
     @classmethod
     def serving(cls, llm: LLM, **kwargs: Any) -> "ServerState":

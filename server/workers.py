@@ -5,10 +5,10 @@ tokenizing prompts, resolving model names (which may join a model's part
 files), loading models, and small pool and store queries (/api/tags,
 /api/ps, room for a model).
 
-A deadline counts from the moment a worker starts the call. Work still
-queued when its deadline passes, or submitted past an executor's queue
-bound, is refused with ServerBusy (503 and Retry-After): the server is
-overloaded, and the client is not to blame.
+A deadline counts from the moment a worker starts the call: time queued
+behind other requests is the server's load, never the request's fault,
+and never refuses it. What may queue is bounded once, for the whole
+server, by admission.py (a 503 with Retry-After past it).
 
 asyncio's default executor is not used: its threads are shared by every
 to_thread call and joined at exit, so a stuck call there would hold up
@@ -32,9 +32,9 @@ from llmctl.errors import InvalidParams, ModelsBusy
 
 
 class ServerBusy(ModelsBusy):
-    """The server's workers of one kind are all busy and their queue is
-    full, or the work waited in it past its deadline; the request may be
-    retried. A ModelsBusy, so that it is a 503 with Retry-After."""
+    """The server's queue is at its configured bound (or a bounded
+    executor's is full); the request may be retried. A ModelsBusy, so that
+    it is a 503 with Retry-After."""
 
     code = "server_busy"
 
@@ -126,30 +126,30 @@ def _env_int(name: str, default: int) -> int:
 # is a one-line UsageError naming the variable.
 PARSE_DEADLINE_S = config.positive("PARSE_DEADLINE_S", 10.0, unit="seconds")
 BODY_DEADLINE_S = config.positive("BODY_DEADLINE_S", 10.0, unit="seconds")
-# Calls that may wait per worker: past it a request is refused at once
-# rather than queued holding its body.
+# Calls that may wait per worker in an executor with no admission in front
+# of it (the cluster's ingress): past it a request is refused at once
+# rather than queued holding its body. `llmctl serve` bounds its queue in
+# admission.py instead, by count and by memory.
 QUEUE_PER_WORKER = 4
-
-
-def _bounded(name: str, env: str, default: int) -> DaemonExecutor:
-    size = _env_int(env, default)
-    return DaemonExecutor(name, size, max_queued=QUEUE_PER_WORKER * size)
 
 
 @dataclass
 class Workers:
     """One app's executors. Sizes (LLMCTL_WORKERS_BODY, _PARSE, _RENDER,
     _RESOLVE, _LOAD, _QUERY, _EMBED) default to what one machine's cores can
-    keep busy. Body parsing and request conversion queue at most
-    QUEUE_PER_WORKER calls per worker; the others queue on the asyncio side,
-    holding no thread."""
+    keep busy. Their queues have no bound of their own: what may wait in
+    all of them together is the server's admission's (admission.py)."""
 
-    # Bodies over body.INLINE_BYTES: JSON parsing, apart from conversion,
-    # so a flood of large bodies cannot make small chats wait on it.
-    body: DaemonExecutor = field(default_factory=lambda: _bounded(
-        "llmctl-body", "WORKERS_BODY", 2))
-    parse: DaemonExecutor = field(default_factory=lambda: _bounded(
-        "llmctl-parse", "WORKERS_PARSE", 4))
+    # Bodies over body.INLINE_BYTES: JSON parsing and validation, apart
+    # from conversion, so a flood of large bodies cannot make small chats
+    # wait on it, nor expensive conversions make large plain bodies wait.
+    body: DaemonExecutor = field(default_factory=lambda: DaemonExecutor(
+        "llmctl-body", _env_int("WORKERS_BODY", 2)))
+    # The expensive lane: schemas, grammars and tools become grammars here,
+    # each under the parse deadline and the grammar budget. Small plain
+    # requests never wait on it (generation.parse_generation).
+    parse: DaemonExecutor = field(default_factory=lambda: DaemonExecutor(
+        "llmctl-parse", _env_int("WORKERS_PARSE", 4)))
     render: DaemonExecutor = field(default_factory=lambda: DaemonExecutor(
         "llmctl-render", _env_int("WORKERS_RENDER", max(4, os.cpu_count() or 1))))
     # Name resolution may join a model's part files (minutes): never on the
@@ -193,33 +193,32 @@ async def run_on(executor: cf.Executor, fn: Callable, *args: Any, **kwargs: Any)
 async def run_with_deadline(executor: cf.Executor, deadline_s: float, fn: Callable,
                             *args: Any) -> Any:
     """fn(*args) on `executor`, abandoned `deadline_s` after a worker
-    started it (the call runs on and its result is dropped). Raises
-    TimeoutError past the deadline; ServerBusy when the queue is full, or
-    when the call is still queued `deadline_s` after it was submitted (it
-    never runs); and what fn raises."""
+    started it (the call runs on and its result is dropped). Time spent
+    queued behind other requests never counts: that wait is the server's
+    load, not this request's cost. Raises TimeoutError past the deadline,
+    ServerBusy when a bounded executor's queue is full, and what fn
+    raises; cancelling the awaiting task drops a call not yet started."""
     loop = asyncio.get_running_loop()
     started = asyncio.Event()
     began: list[float] = []
 
-    def call() -> Any:
-        began.append(time.monotonic())
+    def wake(_: object = None) -> None:
         try:
             loop.call_soon_threadsafe(started.set)
         except RuntimeError:
             pass                # the loop closed: no one awaits this call
+
+    def call() -> Any:
+        began.append(time.monotonic())
+        wake()
         return fn(*args)
 
     future = executor.submit(call)
+    future.add_done_callback(wake)      # a call cancelled by shutdown never starts
     try:
-        async with asyncio.timeout(deadline_s):
-            await started.wait()
-    except TimeoutError:
-        # cancel() fails once a worker has taken the call: then it runs.
-        if future.cancel():
-            raise ServerBusy(f"the server is busy: the request waited {deadline_s:g} s for "
-                             "a worker") from None
+        await started.wait()
     except asyncio.CancelledError:
-        future.cancel()
+        future.cancel()         # fails once a worker has taken the call: then it runs
         raise
     if future.done():
         return future.result()
@@ -237,13 +236,13 @@ def converting_field(body: dict, fields: tuple[str, ...]) -> str | None:
 
 
 async def parse_within_deadline(workers: Workers, field: str | None, fn: Callable,
-                                *args: Any) -> Any:
+                                *args: Any, lane: DaemonExecutor | None = None) -> Any:
     """fn(*args), a request parser or grammar builder, on the parse workers
-    under their deadline. Raises InvalidParams when it runs past it, naming
-    `field` (the request's field being converted, when known), ServerBusy
-    when the workers are too busy to start it, and what fn raises."""
+    (or `lane`) under their deadline, which counts from when a worker
+    starts it. Raises InvalidParams when it runs past it, naming `field`
+    (the request's field being converted, when known), and what fn raises."""
     try:
-        return await run_with_deadline(workers.parse, workers.parse_deadline_s, fn, *args)
+        return await run_with_deadline(lane or workers.parse, workers.parse_deadline_s, fn, *args)
     except TimeoutError:
         what = f"'{field}'" if field else "the request"
         raise InvalidParams(f"{what} took longer than {workers.parse_deadline_s:g} s to "

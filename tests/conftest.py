@@ -96,7 +96,7 @@ def ServerProcess(args: list[str], env: dict | None = None) -> Server:  # noqa: 
 @pytest.fixture(scope="module")
 def server(session_home):
     with Server.llmctl_serve("smollm2", "--ctx-size", "1024", "--max-num-seqs", "8",
-                             "--max-queue", "4", "--max-num-batched-tokens", "256",
+                             "--max-queued", "4", "--max-num-batched-tokens", "256",
                              "--no-prefix-cache", env={"LLMCTL_HOME": str(session_home)}) as srv:
         yield srv
 

@@ -113,7 +113,7 @@ def _wait_for(url: str, body: dict, out: list) -> None:
 @pytest.mark.slow
 def test_requests_waiting_for_room_starve_neither_the_loaded_model_nor_tags(session_home):
     with Server.llmctl_serve("smollm2", "--models-max", "1", "--ctx-size", "4096",
-                             "--max-num-seqs", "2", "--max-queue", "64",
+                             "--max-num-seqs", "2", "--max-queued", "64",
                              env={"LLMCTL_HOME": str(session_home)}) as srv:
         chat = srv.url + "/v1/chat/completions"
         with httpx.Client(timeout=120) as client, client.stream("POST", chat, json={

@@ -151,8 +151,8 @@ def test_client_disconnect_frees_its_slot(server):
     assert _running(server) == 0
 
 
-def test_full_queue_gets_429(server):
-    # 8 slots + 4 queue places: once 12 long requests hold them, the next gets 429.
+def test_full_queue_gets_503_with_retry_after(server):
+    # 8 slots + 4 queue places: once 12 long requests hold them, the next gets 503.
     body = {"messages": MSG, "max_tokens": 900, "ignore_eos": True, "stream": True}
     with contextlib.ExitStack() as stack:
         for _ in range(12):
@@ -166,8 +166,10 @@ def test_full_queue_gets_429(server):
                 break
             time.sleep(0.05)
         rejected = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
-    assert rejected.status_code == 429
-    assert rejected.headers["retry-after"] and rejected.json()["error"]["type"] == "rate_limit_error"
+    assert rejected.status_code == 503
+    error = rejected.json()["error"]
+    assert rejected.headers["retry-after"] and error["type"] == "service_unavailable", error
+    assert error["code"] == "server_busy" and "--max-queued 4" in error["message"], error
 
 
 def test_api_key_required(session_home):

@@ -21,6 +21,7 @@ from llmctl.runtime.config import LoadOptions
 from llmctl.runtime.engine.stats import Stats, combine
 from llmctl.runtime.pool.room import (
     FOREVER,
+    WAITERS_MAX,
     Lease,
     Loaded,
     NeedCache,
@@ -54,7 +55,7 @@ class ModelPool:
     never wait for them."""
 
     def __init__(self, opts: LoadOptions, *, models_max: int = 3, memory_budget: int,
-                 keep_alive_s: float = 300.0, wait_s: float = 300.0,
+                 keep_alive_s: float = 300.0, wait_s: float = 300.0, max_waiters: int = WAITERS_MAX,
                  loader: Callable[[ResolvedModel, LoadOptions], LLM] | None = None,
                  estimator: Callable[[ResolvedModel, LoadOptions], int] = estimate_bytes):
         if models_max < 1:
@@ -69,7 +70,7 @@ class ModelPool:
         self._cv = threading.Condition()
         self._models: dict[str, Loaded] = {}
         self._named: dict[str, ResolvedModel] = {}     # given on the command line
-        self._waiters = Waiters(waiters_max())
+        self._waiters = Waiters(waiters_max(max_waiters))
         self._events = 0                               # room events so far, for acquire
         self._needs = NeedCache(estimator, opts)
         self._closed = False

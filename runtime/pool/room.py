@@ -36,10 +36,11 @@ FOREVER = -1.0
 WAITERS_MAX = 256
 
 
-def waiters_max() -> int:
-    """LLMCTL_MODEL_WAITERS_MAX, else WAITERS_MAX. Raises UsageError for a
-    value that is not a positive integer."""
-    return int(config.positive("MODEL_WAITERS_MAX", WAITERS_MAX, integer=True))
+def waiters_max(default: int = WAITERS_MAX) -> int:
+    """LLMCTL_MODEL_WAITERS_MAX, else `default` (a server passes its queue
+    bound: a request it admitted never gets turned away here for waiting).
+    Raises UsageError for a value that is not a positive integer."""
+    return int(config.positive("MODEL_WAITERS_MAX", default, integer=True))
 
 
 # llama.cpp's compute buffers and the engine's own arrays, beyond weights and KV.
