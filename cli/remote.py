@@ -68,26 +68,40 @@ def _until(expires_at: str, keep_alive_s: float | None) -> str:
 def ps(url: Url = DEFAULT_URL, api_key: ApiKey = "", json: o.Json = False) -> None:
     """Show the models a running server has loaded.
 
-    For each: its memory, context, slots in use, idle time and when it
-    unloads.
+    For each: its memory, context, slots in use, requests queued for it,
+    idle time and when it unloads; then the server's whole queue.
 
     Example: llmctl ps --url http://127.0.0.1:8000
     """
-    models = call("GET", url, "/api/ps", api_key).get("models", [])
+    answer = call("GET", url, "/api/ps", api_key)
+    models = answer.get("models", [])
+    queue = (answer.get("llmctl") or {}).get("queue")
     if json:
-        print_json({"models": models})
+        print_json({"models": models, "queue": queue})
         return
     if not models:
         err.print("no models loaded")
-        return
-    table = Table("NAME", "SIZE", "CONTEXT", "SLOTS", "IDLE", "UNLOADS")
-    for m in models:
-        extra = m.get("llmctl", {})
-        slots = f"{extra.get('slots_running', '?')}/{extra.get('slots', '?')}"
-        idle = "busy" if extra.get("requests_active") else _ago(extra.get("idle_s", 0.0))
-        table.add_row(m["name"], human_bytes(m.get("size", 0)), str(m.get("context_length", "?")),
-                      slots, idle, _until(m.get("expires_at", ""), extra.get("keep_alive_s")))
-    out.print(table)
+    else:
+        table = Table("NAME", "SIZE", "CONTEXT", "SLOTS", "QUEUED", "IDLE", "UNLOADS")
+        for m in models:
+            extra = m.get("llmctl", {})
+            slots = f"{extra.get('slots_running', '?')}/{extra.get('slots', '?')}"
+            idle = "busy" if extra.get("requests_active") else _ago(extra.get("idle_s", 0.0))
+            table.add_row(m["name"], human_bytes(m.get("size", 0)),
+                          str(m.get("context_length", "?")), slots, str(extra.get("queued", "?")),
+                          idle, _until(m.get("expires_at", ""), extra.get("keep_alive_s")))
+        out.print(table)
+    if queue:
+        out.print(_queue_line(queue), markup=False)
+
+
+def _queue_line(q: dict) -> str:
+    """The server's queue in one line: count, oldest wait, memory, refusals."""
+    line = (f"queue: {q.get('queued', 0)} of {q.get('max_queued', '?')} waiting, "
+            f"{human_bytes(q.get('queued_bytes', 0))} of {human_bytes(q.get('max_queued_bytes', 0))}")
+    if q.get("queued"):
+        line += f", oldest {q.get('oldest_wait_s', 0):.1f} s"
+    return line + (f"; {q['refused']} refused since start" if q.get("refused") else "")
 
 
 @handle_errors

@@ -9,6 +9,7 @@ from llmctl.errors import InvalidParams
 from llmctl.runtime.pool.model_pool import ModelPool
 from llmctl.server.body import json_body
 from llmctl.server.metrics import render as render_metrics
+from llmctl.server.metrics import render_queue
 from llmctl.server.state import state_of
 from llmctl.server.workers import run_on
 
@@ -57,11 +58,13 @@ def _context(pool: ModelPool, name: str) -> dict:
 @router.get("/metrics")
 async def metrics(request: Request):
     """GET /metrics: every model's counters, in Prometheus' text format."""
-    pool = state_of(request).pool
+    state = state_of(request)
+    pool = state.pool
     # Every model's counters, and those of models already unloaded.
     per_model = {e.name: e.llm.stats() for e in pool.loaded() if e.llm}
-    return PlainTextResponse(render_metrics(pool.stats(), len(pool.loaded()), per_model),
-                             media_type="text/plain; version=0.0.4")
+    text = render_metrics(pool.stats(), len(pool.loaded()), per_model) + \
+        render_queue(state.admission.view())
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
 @router.get("/stats")
@@ -70,7 +73,7 @@ async def stats(request: Request):
     state = state_of(request)
     per_model = {e.name: e.llm.stats().as_dict() for e in state.pool.loaded() if e.llm}
     return {"model": state.default, **state.pool.stats().as_dict(), "models": per_model,
-            "workers": state.workers.snapshot()}
+            "workers": state.workers.snapshot(), "queue": state.admission.view().as_dict()}
 
 
 # llama-server's tokenizer endpoints, so benchmarks can build prompts of

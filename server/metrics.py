@@ -4,7 +4,12 @@ come from the engine's one Stats snapshot (runtime/stats.py)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from llmctl.runtime.engine.stats import Histogram, Stats
+
+if TYPE_CHECKING:
+    from llmctl.server.admission import QueueView
 
 _P = "llmctl"
 
@@ -22,6 +27,10 @@ def _histogram(name: str, h: Histogram) -> list[str]:
 
 def _gauge(name: str, value: int | str, kind: str = "gauge") -> list[str]:
     return [f"# TYPE {_P}_{name} {kind}", f"{_P}_{name} {value}"]
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _per_model(per_model: dict[str, Stats]) -> list[str]:
@@ -66,5 +75,26 @@ def render(stats: Stats, models_loaded: int, per_model: dict[str, Stats] | None 
         *_histogram(f"{_P}_time_to_first_token_seconds", stats.ttft),
         *_histogram(f"{_P}_inter_token_latency_seconds", stats.itl),
         *_per_model(per_model or {}),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_queue(view: QueueView) -> str:
+    """The server's queue (admission.py): what waits, how long the oldest
+    has waited, the memory it holds, and what was refused."""
+    lines = [
+        *_gauge("queue_requests", view.queued),
+        *_gauge("queue_bytes", view.queued_bytes),
+        *_gauge("queue_oldest_wait_seconds", f"{view.oldest_wait_s:.3f}"),
+        *_gauge("queue_limit_requests", view.max_queued),
+        *_gauge("queue_limit_bytes", view.max_queued_bytes),
+        *_gauge("requests_in_flight", view.in_flight),
+        *_gauge("queue_refused_total", view.refused, "counter"),
+        f"# TYPE {_P}_queue_protocol_requests gauge",
+        *(f'{_P}_queue_protocol_requests{{protocol="{p}"}} {n}'
+          for p, n in sorted(view.by_protocol.items())),
+        f"# TYPE {_P}_queue_model_requests gauge",
+        *(f'{_P}_queue_model_requests{{model="{_label(m)}"}} {n}'
+          for m, n in sorted(view.by_model.items())),
     ]
     return "\n".join(lines) + "\n"

@@ -126,8 +126,11 @@ async def ps(request: Request):
     """GET /api/ps: the loaded models in Ollama's shape, with llmctl's figures."""
     state = state_of(request)
     loaded = [(e, e.llm) for e in state.pool.loaded() if e.llm is not None]
-    return {"models": await run_on(state.workers.query,
-                                   lambda: [_running(e, llm) for e, llm in loaded])}
+    queue = state.admission.view()
+    models = await run_on(state.workers.query, lambda: [_running(e, llm) for e, llm in loaded])
+    for m in models:
+        m["llmctl"]["queued"] = queue.by_model.get(m["name"], 0)
+    return {"models": models, "llmctl": {"queue": queue.as_dict()}}
 
 
 @router.get("/api/version")
