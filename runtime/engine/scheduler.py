@@ -268,7 +268,7 @@ class Scheduler:
 
     def should_park(self, seq: Sequence) -> bool:
         return (self.cfg.prefix_sharing and seq.status is not Status.WAITING_PREFIX
-                and seq.n_computed >= self.cfg.min_share)
+                and seq.n_computed > 0)
 
     def parked_slots(self) -> dict[int, list[int]]:
         """Parked slots, least recently used first, with the tokens in their KV."""

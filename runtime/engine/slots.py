@@ -20,10 +20,18 @@ from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.prefix_cache import reuse
 from llmctl.runtime.prefix_cache.rule import parkable, reusable
 
+# A parked slot is taken for a prompt when its KV holds at least this share
+# of it (llama-server's --slot-prompt-similarity, 0.1), however short: its
+# own KV costs no copy. Short chats share only their template's opening
+# (about 30 tokens), and recomputing it for every request of a burst halved
+# the burst's throughput (docs/measurements.md, "Bursts").
+IN_PLACE_SHARE = 0.1
+
 
 class SlotTable:
     """`n_slots` KV slots. A prefix shorter than `min_share` tokens is not
-    worth a copy or a wait; `tile` is the exactness rule's (rule.py).
+    worth a copy or a wait (its own slot's is, from IN_PLACE_SHARE of the
+    prompt); `tile` is the exactness rule's (rule.py).
     `min_run` > 0 also reuses runs of at least that many cached tokens past
     a prompt's first difference, moved to their new positions
     (prefix_cache/reuse.py); 0 reuses exact prefixes only."""
@@ -70,7 +78,7 @@ class SlotTable:
             score = self._moved(slot, tokens, prompt, n).total if self._worth_moving(prompt, n) else n
             if score > best_score:
                 best, best_n, best_score = slot, n, score
-        if best_score >= self.min_share:
+        if best_score >= self.min_share or (best_n and best_n >= IN_PLACE_SHARE * len(prompt)):
             self._held[best] = self._parked.pop(best)
             return best, best_n
         if self._free:
@@ -101,7 +109,7 @@ class SlotTable:
         it still holds (what of them may be reused), or freed."""
         if park is not None:
             park = parkable(park, len(seq.prompt), self.tile)
-        if park is not None and len(park) >= self.min_share:
+        if park:
             self._parked[seq.slot] = park
         else:
             self._free.append(seq.slot)
