@@ -19,7 +19,7 @@ from llmctl.bench.launcher import Server
 from llmctl.bench.stats import best_under_slo
 from llmctl.bench.sweep import run_sweep
 from llmctl.bench.tokenizers import ApproxTokenizer, GgufTokenizer, ServerTokenizer, Tokenizer
-from llmctl.bench.workloads import make_workload, parse_concurrency
+from llmctl.bench.workloads import burst_levels, make_workload, parse_concurrency
 from llmctl.errors import LlmctlError, UsageError
 
 DEFAULT_REQUESTS = 64   # the Almanac's N for a CPU: enough to fill every slot
@@ -62,11 +62,15 @@ def bench(model: str | None = None, url: str | None = None, workload: str | None
           concurrency: str | None = None, slo_ttft: float | None = None,
           json_file: Path | None = None, plot: Path | None = None,
           timeout: float = DEFAULT_TIMEOUT_S, api_key: str | None = None,
+          burst: int | None = None, chat: bool = False,
           console: Console | None = None) -> dict:
     """Benchmark MODEL (served here by `llmctl serve`) or the server at URL.
+    `burst`: end with that many requests sent at once (workloads.burst_levels);
+    `chat`: send each prompt as a chat message instead of raw text.
     Returns the run as the JSON file has it; writes --json and --plot."""
     wl = make_workload(workload, input_tokens, output_tokens, scale, shared_prefix)
-    levels = parse_concurrency(concurrency, requests)
+    levels = parse_concurrency(concurrency, requests) if burst is None else \
+        burst_levels(burst, concurrency, requests, slo_ttft is not None)
     if slo_ttft is not None and slo_ttft <= 0:
         raise UsageError(f"--slo-ttft must be a positive number of seconds, got {slo_ttft:g}")
     if timeout <= 0:
@@ -75,8 +79,8 @@ def bench(model: str | None = None, url: str | None = None, workload: str | None
     seed = secrets.randbits(32)   # fresh prompts every run: no cache carries over
     with _endpoint(model, url, api_key, console) as (base, name, tok, launched):
         name = name or discover_model(base, None, api_key)
-        target = probe_features(base, name, timeout, api_key)
-        results = run_sweep(target, tok, wl, levels, requests, timeout, seed, console)
+        target = probe_features(base, name, timeout, api_key, chat)
+        results = run_sweep(target, tok, wl, levels, requests, timeout, seed, console, burst)
     run = {
         "llmctl_bench": report.FORMAT_VERSION,
         "llmctl_version": __version__,
@@ -87,6 +91,8 @@ def bench(model: str | None = None, url: str | None = None, workload: str | None
         "tokenizer": tok.kind,
         "seed": seed,
         "requests": requests,
+        "burst": burst,
+        "chat": chat,
         "timeout_s": timeout,
         "slo_ttft": slo_ttft,
         "levels": results,

@@ -24,6 +24,11 @@ class Target:
     ignore_eos: bool = True   # the server accepts the ignore_eos extension
     usage: bool = True        # it accepts stream_options.include_usage
     api_key: str | None = None
+    chat: bool = False        # prompts go out as one chat message each
+
+    @property
+    def path(self) -> str:
+        return "/chat/completions" if self.chat else "/completions"
 
     @property
     def headers(self) -> dict:
@@ -85,8 +90,12 @@ def discover_model(base: str, model: str | None, api_key: str | None = None,
 
 
 def payload(target: Target, prompt: str, max_tokens: int) -> dict:
-    body = {"model": target.model, "prompt": prompt, "max_tokens": max_tokens,
-            "temperature": 0, "stream": True}
+    body: dict = {"model": target.model, "max_tokens": max_tokens, "temperature": 0,
+                  "stream": True}
+    if target.chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
     if target.usage:
         body["stream_options"] = {"include_usage": True}
     if target.ignore_eos:
@@ -94,13 +103,14 @@ def payload(target: Target, prompt: str, max_tokens: int) -> dict:
     return body
 
 
-def probe_features(base: str, model: str, timeout: float, api_key: str | None = None) -> Target:
+def probe_features(base: str, model: str, timeout: float, api_key: str | None = None,
+                   chat: bool = False) -> Target:
     """Find which extensions the server accepts by asking with each, then
     without; this first request also warms the model up."""
     for ignore_eos, usage in ((True, True), (False, True), (False, False)):
-        target = Target(base, model, ignore_eos, usage, api_key)
+        target = Target(base, model, ignore_eos, usage, api_key, chat)
         try:
-            r = httpx.post(f"{base}/completions", json=payload(target, "Hello", 2),
+            r = httpx.post(base + target.path, json=payload(target, "Hello", 2),
                            headers=target.headers, timeout=timeout)
         except httpx.TransportError as e:
             raise _unreachable(base, e) from e
@@ -111,7 +121,7 @@ def probe_features(base: str, model: str, timeout: float, api_key: str | None = 
         if not 400 <= r.status_code < 500:
             return target
     if r.status_code == 404:
-        raise UsageError(f"{base}/completions answers 404: is {base} an OpenAI-compatible "
+        raise UsageError(f"{base}{target.path} answers 404: is {base} an OpenAI-compatible "
                          f"server (and is model {model!r} served there)?")
     return target
 
@@ -176,7 +186,7 @@ async def _stream(client: httpx.AsyncClient, target: Target, prompt: str,
                   max_tokens: int, res: RequestResult, t0: float) -> None:
     last = None
     chunks = 0
-    async with client.stream("POST", f"{target.base}/completions",
+    async with client.stream("POST", target.base + target.path,
                              json=payload(target, prompt, max_tokens)) as resp:
         if resp.status_code != 200:
             res.error = _error_text(resp.status_code, await resp.aread())

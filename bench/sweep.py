@@ -30,12 +30,13 @@ def _progress(console: Console | None) -> Progress:
 
 def run_sweep(target: Target, tok: Tokenizer, workload: Workload, levels: list[int],
               requests: int, timeout: float, seed: int,
-              console: Console | None = None) -> list[dict]:
-    """Run each level in turn; return one stats dict per level."""
+              console: Console | None = None, burst: int | None = None) -> list[dict]:
+    """Run each level in turn; return one stats dict per level. The
+    `burst` level sends exactly that many requests, all at once."""
     out = []
     with _progress(console) as progress:
         for n_level, concurrency in enumerate(levels):
-            n = requests_for(concurrency, requests)
+            n = burst if concurrency == burst else requests_for(concurrency, requests)
             # Fresh prompts per level: a level must not hit the cache the
             # previous one warmed. Built before the clock starts.
             prompts = build_prompts(tok, n, workload.input_tokens, workload.shared_prefix,

@@ -86,3 +86,19 @@ def parse_concurrency(text: str | None, requests: int) -> list[int]:
                              f"1 and {MAX_CONCURRENCY}, got {value}")
         levels.append(value)
     return sorted(set(levels))
+
+
+def burst_levels(burst: int, text: str | None, requests: int, sweep: bool) -> list[int]:
+    """The levels of a `--burst N` run: N requests at once, the Almanac's
+    throughput arm, after the --concurrency levels when given, or after
+    powers of two from 1 (each with --requests requests) when `sweep` (an
+    SLO to find the best level under)."""
+    if not 1 <= burst <= MAX_CONCURRENCY:
+        raise UsageError(f"--burst must be between 1 and {MAX_CONCURRENCY}, got {burst}")
+    if text is not None:
+        below = [c for c in parse_concurrency(text, requests) if c < burst]
+    elif sweep:
+        below = [c for c in parse_concurrency(None, burst) if c < burst]
+    else:
+        below = []
+    return below + [burst]

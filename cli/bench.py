@@ -19,6 +19,8 @@ EPILOG = """Examples:
 
   llmctl bench --url http://localhost:8080/v1 --slo-ttft 1.0 --json a.json
 
+  llmctl bench --url http://localhost:8000/v1 --burst 1000 --scale 0.125
+
   llmctl bench --compare a.json b.json
 """
 
@@ -53,6 +55,13 @@ class Sweep:
     concurrency: Annotated[Optional[str], typer.Option(
         "--concurrency", "-c", help="Comma-separated levels, e.g. 1,4,16. "
                                     "Default: 1, 2, 4, ... up to --requests.")] = None
+    burst: Annotated[Optional[int], typer.Option(
+        "--burst", show_default=False,
+        help="End with N requests sent at once (the Almanac's throughput arm); "
+             "with --slo-ttft, sweep 1, 2, 4, ... up to N first.")] = None
+    chat: Annotated[bool, typer.Option(
+        "--chat", help="Send each prompt as a chat message (/v1/chat/completions) "
+                       "instead of raw text (/v1/completions).")] = False
     slo_ttft: Annotated[Optional[float], typer.Option(
         "--slo-ttft", help="Report the best throughput whose TTFT p95 is within "
                            "this many seconds.")] = None
