@@ -240,6 +240,21 @@ KvTypeOpt = Annotated[KvType, typer.Option(
          "quarter; both need flash attention (auto turns it on).")]
 
 
+class BackendSampling(str, Enum):
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
+BackendSamplingOpt = Annotated[BackendSampling, typer.Option(
+    "--backend-sampling", envvar="LLMCTL_BACKEND_SAMPLING",
+    help="Sample inside llama.cpp's graph, so only the chosen token leaves the device, for "
+         "requests without a grammar, penalties or logprobs (the others sample on the host). "
+         "auto: on with the model wholly on a GPU.")]
+_BACKEND_SAMPLING = {BackendSampling.auto: None, BackendSampling.on: True,
+                     BackendSampling.off: False}
+
+
 class Spec(str, Enum):
     auto = "auto"
     off = "off"
@@ -277,8 +292,8 @@ DraftMin = Annotated[int, typer.Option(
 @option_group
 @dataclasses.dataclass(frozen=True)
 class Decoding:
-    """--kv-type and the speculation options of `chat`, `run` and `serve`,
-    with the runtime's defaults."""
+    """--kv-type, the speculation options and --backend-sampling of `chat`,
+    `run` and `serve`, with the runtime's defaults."""
 
     kv_type: KvTypeOpt = KvType("f16")
     spec: SpecOpt = Spec.auto
@@ -286,13 +301,15 @@ class Decoding:
     draft_min: DraftMin = DRAFT_MIN
     draft: DraftOpt = None
     draft_p_min: DraftPMin = P_MIN
+    backend_sampling: BackendSamplingOpt = BackendSampling.auto
 
     def load_fields(self) -> dict[str, Any]:
         """The LoadOptions fields these options set."""
         return {"kv_type": self.kv_type.value,
                 "spec": _spec_mode(self.spec, self.draft),
                 "draft_max": self.draft_max, "draft_min": self.draft_min, "draft": self.draft,
-                "draft_p_min": self.draft_p_min}
+                "draft_p_min": self.draft_p_min,
+                "backend_sampling": _BACKEND_SAMPLING[self.backend_sampling]}
 
 
 def _spec_mode(spec: Spec, draft: str | None) -> str | None:

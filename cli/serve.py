@@ -35,9 +35,11 @@ Port = Annotated[int, typer.Option("--port", min=1, max=65535, envvar="LLMCTL_PO
 MaxNumSeqs = Annotated[int, typer.Option(
     "--max-num-seqs", min=1, max=256, envvar="LLMCTL_MAX_NUM_SEQS",
     help="Sequences decoded together (continuous batching slots).")]
-MaxNumBatchedTokens = Annotated[int, typer.Option(
+MaxNumBatchedTokens = Annotated[Optional[int], typer.Option(
     "--max-num-batched-tokens", min=2, envvar="LLMCTL_MAX_NUM_BATCHED_TOKENS",
-    help="Token budget of one step: decode tokens plus prompt chunks.")]
+    show_default=False,
+    help="Token budget of one step: decode tokens plus prompt chunks. Default: 512, or "
+         "2048 with the model wholly on a GPU.")]
 MaxQueued = Annotated[int, typer.Option(
     "--max-queued", min=1, envvar="LLMCTL_MAX_QUEUED",
     help="Requests that may wait beyond the running ones; more get 503 with "
@@ -53,9 +55,10 @@ NoPrefixCache = Annotated[bool, typer.Option(
     "--no-prefix-cache", envvar="LLMCTL_NO_PREFIX_CACHE", help="Recompute every prompt from scratch.")]
 FlashAttnOpt = Annotated[FlashAttn, typer.Option(
     "--flash-attn", envvar="LLMCTL_FLASH_ATTN",
-    help="auto: off while the prefix cache is on, so output is token-identical at any "
-         "concurrency (on with a quantized --kv-type, which needs it); on can be faster: "
-         "cache hits stay exact, but logits depend on which requests run together.")]
+    help="auto: on with the model wholly on a GPU; on a CPU, off while the prefix cache is "
+         "on, so output is token-identical at any concurrency (on with a quantized "
+         "--kv-type, which needs it); on can be faster: cache hits stay exact, but logits "
+         "depend on which requests run together.")]
 PrefixCacheSize = Annotated[float, typer.Option(
     "--prefix-cache-size", min=0.0, envvar="LLMCTL_PREFIX_CACHE_SIZE",
     help="Disk budget of the prefix KV cache, in GB.")]
@@ -105,11 +108,11 @@ class Batching:
     requests the server queues (admission.py)."""
 
     max_num_seqs: MaxNumSeqs = 16
-    max_num_batched_tokens: MaxNumBatchedTokens = 512
+    max_num_batched_tokens: MaxNumBatchedTokens = None
     max_queued: MaxQueued = 16384
     max_queued_mb: MaxQueuedMb = None
 
-    def load_fields(self) -> dict[str, int]:
+    def load_fields(self) -> dict[str, int | None]:
         """The LoadOptions fields these options set: an engine queues what
         the server admitted, so its own bound is the server's."""
         return {"max_num_seqs": self.max_num_seqs,

@@ -3,12 +3,15 @@ here; the engine, the scheduler and the prefix cache read their parts of it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmctl.errors import UsageError
 from llmctl.kv_types import KV_TYPES
 from llmctl.runtime import planner
 from llmctl.runtime.speculation.config import DRAFT_MIN, P_MIN, SpecConfig, default_draft_max
+
+CPU_STEP_TOKENS = 512
+GPU_STEP_TOKENS = 2048
 
 
 @dataclass(frozen=True)
@@ -20,9 +23,17 @@ class LoadOptions:
     threads: int | None = None
     n_gpu_layers: str | int = "auto"
     max_num_seqs: int = 1
-    max_num_batched_tokens: int = 512
+    # One step's tokens; None: 512 on a CPU, 2048 with every layer on a GPU
+    # (on_device), where a bigger step costs little more than a small one.
+    max_num_batched_tokens: int | None = None
     max_queue: int = 256
-    flash_attn: bool | None = None       # None: on for a quantized KV, else unless the prefix cache is on
+    # None: on with every layer on a GPU (on_device); else on for a
+    # quantized KV, and on a CPU unless the prefix cache is on.
+    flash_attn: bool | None = None
+    # Sampling in llama.cpp's graph, so that only the chosen token leaves the
+    # device, for the requests whose chain it supports (sampler.py's
+    # backend_eligible). None: on with every layer on a GPU (on_device).
+    backend_sampling: bool | None = None
     prefix_cache: bool = True
     prefix_cache_size_gb: float = 4.0
     move_cached_runs: int = 0            # prefix_cache/reuse.py's min_run; 0: exact prefixes only
@@ -44,7 +55,7 @@ class LoadOptions:
             raise UsageError("threads must be >= 1")
         if self.max_num_seqs < 1:
             raise UsageError("max_num_seqs must be >= 1")
-        if self.max_num_batched_tokens <= self.max_num_seqs:
+        if self.step_tokens <= self.max_num_seqs:
             raise UsageError("max_num_batched_tokens must exceed max_num_seqs: every step "
                              "feeds one token per running sequence plus prompt chunks")
         if self.max_queue < 0:
@@ -63,6 +74,26 @@ class LoadOptions:
         if self.draft is not None and self.spec == "ngram":
             raise UsageError("--draft names a draft model, which --spec ngram does not use; "
                              "use --spec draft (or leave --spec out)")
+
+    @property
+    def step_tokens(self) -> int:
+        """One step's token budget (a CPU's default until on_device)."""
+        return self.max_num_batched_tokens or CPU_STEP_TOKENS
+
+    def on_device(self, offloaded: bool) -> "LoadOptions":
+        """These options with their automatic values settled for where the
+        model runs: `offloaded` means every layer is on a GPU. There, a
+        step of 2,048 tokens, flash attention (faster on CUDA at every
+        size: docs/measurements.md, "CUDA") and backend sampling; on a
+        CPU, the defaults above."""
+        changes: dict = {}
+        if self.max_num_batched_tokens is None:
+            changes["max_num_batched_tokens"] = GPU_STEP_TOKENS if offloaded else CPU_STEP_TOKENS
+        if self.flash_attn is None and offloaded:
+            changes["flash_attn"] = True
+        if self.backend_sampling is None:
+            changes["backend_sampling"] = offloaded
+        return replace(self, **changes) if changes else self
 
     @property
     def spec_config(self) -> SpecConfig:

@@ -115,6 +115,8 @@ class LLM:
         n_ctx = opts.ctx_size or resolved.context or DEFAULT_CTX
         self.n_gpu_layers = _gpu_layers(resolved, opts, n_ctx)
         self.model = LlamaModel(resolved.path, n_gpu_layers=self.n_gpu_layers)
+        # The automatic options settle once it is known where the layers went.
+        self.opts = opts = opts.on_device(self.offloaded)
         if opts.ctx_size is None:
             n_ctx = min(n_ctx, self.model.n_ctx_train or n_ctx)
         self.template_source = choose_template(
@@ -162,6 +164,12 @@ class LLM:
         """Resolve `model` (None: the default) and load it with `opts`. Raises what
         resolve_model raises (ModelNotFound, BadModelFile, ...) and what loading raises."""
         return cls(resolve_model(model), opts or LoadOptions())
+
+    @property
+    def offloaded(self) -> bool:
+        """Every layer, the output head too, is on a GPU."""
+        n = self.n_gpu_layers
+        return supports_gpu_offload() and (n < 0 or n > self.model.n_layer)
 
     @property
     def n_ctx(self) -> int:

@@ -22,7 +22,7 @@ from llmctl.runtime.speculation.proposer import Proposer
 def context_config(opts: LoadOptions, shape: EngineShape) -> ContextConfig:
     """The engine's generation context: one KV stream per slot."""
     return ContextConfig(n_ctx_seq=shape.n_ctx_seq, n_seq_max=opts.max_num_seqs,
-                         n_batch=opts.max_num_batched_tokens, n_threads=shape.n_threads,
+                         n_batch=opts.step_tokens, n_threads=shape.n_threads,
                          flash_attn=opts.use_flash_attn, kv_type=opts.kv_type)
 
 
@@ -56,7 +56,7 @@ def proposer_for(opts: LoadOptions, ctx: LlamaContext, shape: EngineShape,
     if spec.mode != "draft" or draft_model is None:
         return None
     cfg = ContextConfig(n_ctx_seq=ctx.n_ctx_seq, n_seq_max=opts.max_num_seqs,
-                        n_batch=opts.max_num_batched_tokens, n_threads=shape.n_threads,
+                        n_batch=opts.step_tokens, n_threads=shape.n_threads,
                         flash_attn=opts.use_flash_attn)
     return Drafter(draft_model, cfg, spec.p_min, spec.draft_min)
 

@@ -33,7 +33,7 @@ from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig, Work
 from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.engine.speculate import Speculation
 from llmctl.runtime.engine.stats import Stats
-from llmctl.runtime.llama import LlamaContext, LlamaModel, Sampler, validate_sampling
+from llmctl.runtime.llama import LlamaContext, LlamaModel, Sampler, backend_eligible, validate_sampling
 from llmctl.runtime.llama.grammar_budget import GrammarBudget
 from llmctl.runtime.prefix_cache.rule import tile_for
 from llmctl.runtime.sampling import SamplingParams
@@ -86,13 +86,14 @@ class Engine:
         # When the engine last finished a step, or last got work while idle.
         self._progress_at = time.monotonic()
         self.flash_attn = opts.use_flash_attn
+        self.backend_sampling = bool(opts.backend_sampling)
         self.ctx = ctx
         self.n_ctx_seq = ctx.n_ctx_seq
         self.max_num_seqs = opts.max_num_seqs
         # With flash attention, prompts are cut by its tile so that prefix
         # hits stay bit-exact (prefix_cache/rule.py); without, any cut is.
         self.scheduler = Scheduler(SchedulerConfig(
-            opts.max_num_seqs, opts.max_num_batched_tokens, opts.max_queue,
+            opts.max_num_seqs, opts.step_tokens, opts.max_queue,
             prefix_sharing=prefix_cache is not None, tile=tile_for(self.flash_attn),
             # Runs move only where the prefix cache has a splicer for them.
             min_run=prefix_cache.splicer.min_run if prefix_cache and prefix_cache.splicer else 0,
@@ -235,7 +236,9 @@ class Engine:
                 self._fail(seq, e)
 
     def _open_stream(self, seq: Sequence) -> None:
-        self._streams[seq.id] = _Stream(self.model, seq, self.grammar_budget)
+        stream = self._streams[seq.id] = _Stream(self.model, seq, self.grammar_budget)
+        if self.backend_sampling and backend_eligible(seq.params):
+            seq.backend_sampled = stream.sampler.attach(self.ctx, seq.slot)
 
     def _decode(self, plan: list[Work]) -> None:
         """The step's llama_decode calls: one for the decoding rows and

@@ -212,8 +212,8 @@ class Scheduler:
         cap = k if self.cfg.spec.mode == "auto" else seq.spec_cap
         room = min(k, cap, seq.max_new - len(seq.output) - 1,
                    self.cfg.n_ctx_seq - len(seq.prompt) - len(seq.output) - 1)
-        if room < self.cfg.spec.draft_min:
-            room = 0
+        if room < self.cfg.spec.draft_min or seq.backend_sampled:
+            room = 0        # a chain in the graph samples one row per sequence
         return Work(seq, [seq.output[-1]], seq.n_computed, True, room=room, decode=True)
 
     def _chunk(self, seq: Sequence, budget: int) -> int:

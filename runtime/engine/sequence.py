@@ -59,6 +59,7 @@ class Sequence:
     output: list[int] = field(default_factory=list)
     spec_cap: int = 64                  # most guesses its next step may check (speculation)
     spec: SeqSpec | None = None         # ...and what its guesses were worth (--spec auto)
+    backend_sampled: bool = False       # llama.cpp samples it in the graph: one row a step
     cancelled: bool = False
     finish_reason: str | None = None
     stop_string: str | None = None      # the stop string that ended it, if one did

@@ -13,7 +13,8 @@ never through this file.
   embedding        EmbeddingContext: pooled vectors per sequence
   grammar_sampler  the grammar sampler, kept outside the chain
   grammar_budget   the bound on one request's grammar work (pure Python)
-  sampler          Sampler: the per-sequence chain; validate_sampling
+  sampler          Sampler: the per-sequence chain (on the host or in the
+                   graph: backend_eligible); validate_sampling
   quantize         quantize_file, file_types
   exactness        whether a row decodes the same alone and in a batch
 """
@@ -32,13 +33,13 @@ from llmctl.runtime.llama.library import (
 )
 from llmctl.runtime.llama.model import POOLING, LlamaModel
 from llmctl.runtime.llama.quantize import file_types, quantize_file
-from llmctl.runtime.llama.sampler import Sampler, validate_sampling
+from llmctl.runtime.llama.sampler import Sampler, backend_eligible, validate_sampling
 from llmctl.runtime.llama.splice import Move, Splicer
 
 __all__ = [
     "LLAMA_CPP_VERSION", "POOLING", "ContextConfig", "EmbeddingContext", "LlamaContext",
     "LlamaModel", "LogCapture", "Move", "Sampler", "Splicer", "builtin_names", "capture_log",
     "file_types", "init_backend", "kv_ggml_type", "quantize_file", "render_builtin",
-    "supports_gpu_offload", "system_info",
+    "supports_gpu_offload", "system_info", "backend_eligible",
     "validate_grammar", "validate_sampling",
 ]

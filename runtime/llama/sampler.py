@@ -1,7 +1,9 @@
 """The sampler chain: one llama.cpp chain per sequence (logit bias,
 penalties, then greedy or top-k/top-p/min-p/temperature/seed), with the
 grammar checked on the chosen token, and the checks a request's sampling
-parameters need the model for."""
+parameters need the model for. A chain llama.cpp can run inside its graph
+may be attached to the context (backend sampling): then only the chosen
+token is copied back, instead of every logit of the vocabulary."""
 
 from __future__ import annotations
 
@@ -20,6 +22,17 @@ from llmctl.runtime.sampling import SamplingParams
 
 # llama_token_data as numpy lays it out, to fill a candidate array in one copy.
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+def backend_eligible(params: SamplingParams) -> bool:
+    """Whether llama.cpp can run this request's whole chain inside the
+    graph (logit biases, top-k, top-p, min-p, temperature, a seeded draw or
+    greedy), so that only its token leaves the device. Not with a grammar
+    (checked on the host), penalties (their history lives on the host) or
+    log-probabilities (they read the raw logits, which llama.cpp then no
+    longer copies)."""
+    return params.grammar is None and params.logprobs is None and not (
+        params.repeat_penalty != 1.0 or params.frequency_penalty or params.presence_penalty)
 
 
 def validate_sampling(model: LlamaModel, params: SamplingParams) -> None:
@@ -56,6 +69,7 @@ class Sampler:
         self.model = model
         self.grammar: Grammar | None = None
         self.ptr = None
+        self._attached: tuple[LlamaContext, int] | None = None
         _check_bias_ids(model, params)
         self.ptr = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
         try:
@@ -139,7 +153,30 @@ class Sampler:
         data = self._cand.ctypes.data_as(ctypes.POINTER(lc.llama_token_data))
         return lc.llama_token_data_array(data, n, -1, False)
 
+    def attach(self, ctx: LlamaContext, seq_id: int) -> bool:
+        """Run this chain inside `ctx`'s graph for sequence `seq_id` (backend
+        sampling): `sample` then reads the token llama.cpp chose. Only for
+        a chain backend_eligible allows, attached once, before its first
+        sample. Returns whether llama.cpp took it (a chain it cannot
+        offload stays on the host, unchanged)."""
+        if self._attached is not None or not self.ptr:
+            raise ValueError("a sampler chain is attached at most once")
+        if not lc.llama_set_sampler(ctx.ptr, seq_id, self.ptr):
+            return False
+        self._attached = (ctx, seq_id)
+        return True
+
+    @property
+    def on_backend(self) -> bool:
+        return self._attached is not None
+
     def close(self) -> None:
+        if self._attached is not None:
+            # Detached before it is freed: the context keeps only a pointer.
+            ctx, seq_id = self._attached
+            self._attached = None
+            if ctx.ptr:
+                lc.llama_set_sampler(ctx.ptr, seq_id, None)
         if self.grammar is not None:
             self.grammar.close()
         if getattr(self, "ptr", None):
