@@ -77,6 +77,10 @@ MinReplicas = Annotated[Optional[int], typer.Option(
     help="With --max-replicas: autoscale on ongoing requests.")]
 MaxReplicas = Annotated[Optional[int], typer.Option(
     "--max-replicas", min=1, envvar="LLMCTL_MAX_REPLICAS")]
+GpusPerReplica = Annotated[float, typer.Option(
+    "--gpus-per-replica", min=0.0, envvar="LLMCTL_GPUS_PER_REPLICA",
+    help="GPUs each replica reserves in Ray (num_gpus): each gets its own device(s), and "
+         "--n-gpu-layers auto fills them. 0: CPU only.")]
 Threads = Annotated[int, typer.Option(
     "--threads", min=1, envvar="LLMCTL_THREADS",
     help="CPU threads per replica, also what each replica reserves in Ray (num_cpus).")]
@@ -106,6 +110,8 @@ def serve(
     min_replicas: MinReplicas = None,
     max_replicas: MaxReplicas = None,
     threads: Threads = 1,
+    gpus_per_replica: GpusPerReplica = 0.0,
+    n_gpu_layers: o.GpuLayers = "auto",
     max_num_seqs: MaxNumSeqs = 4,
     ctx_size: o.CtxSize = None,
     cache_dir: CacheDir = None,
@@ -138,8 +144,10 @@ def serve(
                                max_replicas=max_replicas, router=router.value)
     spec = ReplicaSpec(resolve_model(model),
                        LoadOptions(ctx_size=ctx_size, threads=threads, max_num_seqs=max_num_seqs,
-                                   prefix_cache_size_gb=prefix_cache_size),
-                       cache_dir=cache_dir, host=host, port=port, policy=policy)
+                                   prefix_cache_size_gb=prefix_cache_size,
+                                   n_gpu_layers=n_gpu_layers),
+                       cache_dir=cache_dir, host=host, port=port, policy=policy,
+                       gpus=gpus_per_replica)
     err.print(f"Starting {replicas} replica(s) of {spec.resolved.name} on Ray "
               f"({address or 'a local cluster'}; {describe(policy)}) ...")
     _run(spec, settings, address)

@@ -1,5 +1,5 @@
 """Deploying llmctl on Ray Serve: a Board, N engine replicas (each declaring
-its threads as num_cpus) and one ingress, as one Serve application, with
+its threads as num_cpus, and its GPUs as num_gpus) and one ingress, as one Serve application, with
 llmctl serve's access policy at the proxies, the ingress and the replicas."""
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ def replica_options(spec: ReplicaSpec, settings: ClusterSettings) -> dict:
     slots = spec.load.max_num_seqs
     opts: dict = {
         "name": "LLMReplica",
-        "ray_actor_options": {"num_cpus": spec.load.threads or 1},
+        "ray_actor_options": {"num_cpus": spec.load.threads or 1,
+                              **({"num_gpus": spec.gpus} if spec.gpus else {})},
         # No more than its batch slots: the rest wait in Ray's router, which
         # hands each to the first replica with a free slot (the owner of its
         # prefix if that one frees first), never to an engine queue behind

@@ -30,6 +30,9 @@ class ReplicaSpec:
     resolved: ResolvedModel
     load: LoadOptions
     cache_dir: str | None = None        # None: the default (LLMCTL_HOME/cache)
+    # GPUs each replica reserves in Ray (num_gpus): Ray gives a replica its
+    # own devices (CUDA_VISIBLE_DEVICES), and --n-gpu-layers auto fills them.
+    gpus: float = 0.0
     host: str = "127.0.0.1"             # the ingress's, for the app's Host checks
     port: int = 8000
     # The proxies, the ingress and every replica apply it: a replica reached

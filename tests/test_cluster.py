@@ -118,6 +118,9 @@ def testreplica_options_follow_the_settings():
                                             "max_replicas": 8, "target_ongoing_requests": 6}
     assert "num_replicas" not in scaled and "request_router_config" not in scaled
     AutoscalingConfig(**scaled["autoscaling_config"])     # Ray accepts it as it is
+    on_gpus = replica_options(ReplicaSpec(spec.resolved, spec.load, gpus=1),
+                              ClusterSettings(replicas=2))
+    assert on_gpus["ray_actor_options"] == {"num_cpus": 3, "num_gpus": 1}
     for bad in ({"replicas": 0}, {"router": "random"}, {"min_replicas": 1},
                 {"replicas": 9, "min_replicas": 1, "max_replicas": 8}):
         with pytest.raises(UsageError):
