@@ -58,9 +58,9 @@ cmake_args() {
     args+=" -DGGML_AVX512=OFF"
   fi
   has avx_vnni && args+=" -DGGML_AVX_VNNI=ON"
-  # CUDA needs nvcc to build and a GPU to be worth the 30+ minute build;
-  # nvcc alone (as on GPU-less images) would only buy a library that cannot
-  # load without the driver. LLMCTL_CUDA=1/0 forces either way.
+  # CUDA needs nvcc to build and a GPU to be worth the build; nvcc alone (as
+  # on GPU-less images) would only buy a library that cannot load without the
+  # driver. LLMCTL_CUDA=1/0 forces either way.
   local cuda="${LLMCTL_CUDA:-auto}"
   if [[ "$cuda" == auto ]]; then
     cuda=0
@@ -68,7 +68,15 @@ cmake_args() {
       cuda=1
     fi
   fi
-  [[ "$cuda" == 1 ]] && args+=" -DGGML_CUDA=ON"
+  # Only this machine's GPU architecture (9.0 -> 90): every architecture
+  # takes 30+ minutes, one about 3.5 (docs/setup.md). LLMCTL_CUDA_ARCH
+  # names others, e.g. "86;90"; nvidia-smi unanswered, ggml's own list.
+  if [[ "$cuda" == 1 ]]; then
+    args+=" -DGGML_CUDA=ON"
+    local arch="${LLMCTL_CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null \
+      | tr -d ' .' | sort -u | paste -sd';' || true)}"
+    [[ -n "$arch" ]] && args+=" -DCMAKE_CUDA_ARCHITECTURES=$arch"
+  fi
   # Build only what llmctl loads: libllama and ggml. llava/mtmd (images and
   # audio) and llama-common (llama.cpp's CLI tools' library) are never loaded
   # by llama-cpp-python's text API; skipping them removes over half of the
@@ -86,17 +94,24 @@ KEY="$(printf '%s|%s|%s|%s' "$LLAMA_CPP_VERSION" "${CMAKE_ARGS//$SLIM_CMAKE/slim
 WHEEL_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/llmctl/wheels/llama_cpp_python-$LLAMA_CPP_VERSION-$KEY"
 
 build_wheel() {
-  local tmp
+  local tmp source label="building llama.cpp (once per machine)" isolation=()
   mkdir -p "$(dirname "$WHEEL_DIR")"
   tmp="$(mktemp -d "$WHEEL_DIR.tmp.XXXXXX")"
   echo "CMAKE_ARGS=$CMAKE_ARGS" >> "$VENV/setup.log"
+  source="llama-cpp-python==$LLAMA_CPP_VERSION"
+  if [[ -n "${LLMCTL_LLAMA_SRC:-}" ]]; then
+    # A machine without a package index: the sdist or source tree given,
+    # built with what this environment has (scikit-build-core, cmake, ninja).
+    source="$LLMCTL_LLAMA_SRC" isolation=(--no-build-isolation)
+    label="building llama.cpp from $LLMCTL_LLAMA_SRC, without a package index (once per machine)"
+  fi
   # --no-cache-dir: pip's wheel cache is keyed without CMAKE_ARGS and would
   # hand back a wheel built with other flags. -v: the build's own `[N/M]`
   # steps are the progress line's measure.
   CMAKE_ARGS="$CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
-    stage "building llama.cpp (once per machine)" 0 \
+    stage "$label" 0 \
     "$VENV/bin/pip" wheel -v --no-deps --no-cache-dir --no-binary llama-cpp-python \
-    -w "$tmp" "llama-cpp-python==$LLAMA_CPP_VERSION" || { rm -rf "$tmp"; return 1; }
+    ${isolation[@]+"${isolation[@]}"} -w "$tmp" "$source" || { rm -rf "$tmp"; return 1; }
   echo "$CMAKE_ARGS" > "$tmp/CMAKE_ARGS"
   rm -rf "$WHEEL_DIR" && mv "$tmp" "$WHEEL_DIR"
 }
@@ -136,7 +151,12 @@ setup_main() {
   STAGE_TOTAL=$((1 + fresh + build + (${#models} > 0)))
   mkdir -p "$VENV"
   : > "$VENV/setup.log"
-  if [[ $fresh == 1 ]]; then
+  if [[ $fresh == 1 && -n "${LLMCTL_LLAMA_SRC:-}" ]]; then
+    # No index to upgrade pip from; the machine's own packages (the build's
+    # tools, and what llmctl needs that PIP_FIND_LINKS does not carry) serve.
+    stage "creating the virtual environment (with the system's packages)" 0 \
+      "$PYTHON" -m venv --system-site-packages "$VENV"
+  elif [[ $fresh == 1 ]]; then
     stage "creating the virtual environment" 0 \
       sh -c '"$1" -m venv "$2" && "$2/bin/pip" install --upgrade pip wheel' _ "$PYTHON" "$VENV"
   fi
@@ -153,4 +173,9 @@ setup_main() {
   stamp_value "$EXTRAS" > "$(stamp_file "$EXTRAS")"
 }
 
-setup_main
+# What the build would be given, and nothing else (tests/test_gpu_setup.py).
+if [[ "${LLMCTL_SETUP_PRINT_ARGS:-}" == 1 ]]; then
+  echo "$CMAKE_ARGS"
+else
+  setup_main
+fi
