@@ -174,8 +174,9 @@ setup_main() {
 }
 
 # What the build would be given, and nothing else (tests/test_gpu_setup.py).
+# Sourced by scripts/test and scripts/llmctl, so `return`; run by the test, so `exit`.
 if [[ "${LLMCTL_SETUP_PRINT_ARGS:-}" == 1 ]]; then
   echo "$CMAKE_ARGS"
-else
-  setup_main
+  return 0 2>/dev/null || exit 0
 fi
+setup_main

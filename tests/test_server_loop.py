@@ -29,7 +29,8 @@ visit = g._Converter.visit
 def spin(self, schema, *args, **kwargs):
     if isinstance(schema, dict) and schema.get("description") == "slow":
         end = time.monotonic() + float(os.environ.get("SPIN_S", "120"))
-        while time.monotonic() < end:
+        release = os.environ.get("SPIN_RELEASE", "")
+        while time.monotonic() < end and not (release and os.path.exists(release)):
             pass
     return visit(self, schema, *args, **kwargs)
 g._Converter.visit = spin
@@ -121,13 +122,16 @@ def _post_in_thread(url: str, **kwargs) -> tuple[threading.Thread, list[httpx.Re
 
 
 @pytest.mark.slow
-def test_requests_behind_busy_workers_wait_their_turn_and_are_answered(session_home):
+def test_requests_behind_busy_workers_wait_their_turn_and_are_answered(session_home, tmp_path):
     # One body worker and one parse worker, so a few requests fill them; a
-    # spinning conversion holds its worker for 8 s, past its 2 s deadline.
+    # spinning conversion holds its worker past its 2 s deadline until the
+    # test creates `release` (a fixed spin raced a slow machine's chat).
+    release = tmp_path / "release"
     srv = Server([sys.executable, "-c", BOOT, "serve", "smollm2", "--ctx-size", "512"],
                  name="llmctl serve",
                  env={"LLMCTL_HOME": str(session_home), "LLMCTL_PARSE_DEADLINE_S": "2",
-                      "LLMCTL_WORKERS_PARSE": "1", "LLMCTL_WORKERS_BODY": "1", "SPIN_S": "8"})
+                      "LLMCTL_WORKERS_PARSE": "1", "LLMCTL_WORKERS_BODY": "1",
+                      "SPIN_S": "120", "SPIN_RELEASE": str(release)})
     chat = {"messages": MSG, "max_tokens": 2}
     schema = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]}
     formatted = {**chat, "max_tokens": 20, "response_format": {
@@ -156,7 +160,9 @@ def test_requests_behind_busy_workers_wait_their_turn_and_are_answered(session_h
         r = httpx.post(srv.url + "/api/chat", json={**chat, "stream": False}, timeout=60)
         assert r.status_code == 200, r.text
         assert httpx.get(srv.url + "/stats", timeout=30).json()["workers"]["parse"]["queued"] == 5
+        assert not any(answer for _, answer in queued)
         spinner[0].join(120)
+        release.touch()
         assert spinner[1][0].status_code == 400     # it ran past its deadline: its own fault
         assert "took longer than 2 s" in spinner[1][0].text
         for sender, answer in queued:
