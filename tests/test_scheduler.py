@@ -40,6 +40,17 @@ def test_queue_full_raises_beyond_the_slots_that_can_take_requests():
         s.add(seq(2))
 
 
+def test_a_cancelled_request_still_queued_leaves_room_for_a_live_one():
+    s = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=8, max_queue=2))
+    queued = [seq(2) for _ in range(3)]
+    for x in queued:
+        s.add(x)
+    Scheduler.cancel(queued[-1])        # its client left; the next step drops it
+    s.add(seq(2))
+    with pytest.raises(QueueFull):
+        s.add(seq(2))
+
+
 def test_parked_slots_count_as_room_in_the_queue_limit():
     s = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=64, max_queue=1,
                                   prefix_sharing=True, min_share=4, tile=1))

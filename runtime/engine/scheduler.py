@@ -94,6 +94,11 @@ class Scheduler:
         with self._lock:
             queued = len(self._waiting) - self.slots.room()
             if queued >= self.cfg.max_queue:
+                # Requests whose clients left stay queued until the next step
+                # drops them; they must not refuse a live one meanwhile.
+                # Counted only here, so the common add stays O(1).
+                queued -= sum(1 for waiting in self._waiting if waiting.cancelled)
+            if queued >= self.cfg.max_queue:
                 raise QueueFull("server busy: the request queue is full, retry shortly")
             seq.status = Status.WAITING
             self._waiting.append(seq)
