@@ -14,7 +14,9 @@ from near_tie import assert_same_until_near_tie, top_from_engine
 
 from conftest import smollm2_file
 from llmctl.runtime.engine.sequence import Sequence
+from llmctl.errors import LlmctlError
 from llmctl.runtime.engine.slots import SlotTable
+from llmctl.runtime.llama.splice import restream
 from llmctl.runtime.prefix_cache.reuse import plan
 from llmctl.runtime.sampling import SamplingParams
 
@@ -82,6 +84,32 @@ def test_the_slot_table_prefers_the_slot_with_the_longest_runs():
     assert seq.moved is None
 
 
+def _state(counts: list[int], cells: bytes) -> bytes:
+    """A sequence state as llama.cpp writes it: magic and seq id, the stream
+    count, then each stream's cell count, followed by its cells if any."""
+    out = [b"\xd8\x3c\x14\xaf", (2).to_bytes(4, "little"), len(counts).to_bytes(4, "little")]
+    for n in counts:
+        out.append(n.to_bytes(4, "little"))
+        if n:
+            out.append(cells)
+    return b"".join(out)
+
+
+def test_a_state_is_re_headed_for_the_other_contexts_stream_count():
+    cells = bytes(range(1, 41))
+    one = _state([5], cells)
+    for i in range(4):             # the sequence's cells in any of 4 streams
+        four = _state([5 if s == i else 0 for s in range(4)], cells)
+        assert bytes(restream(four, 1)) == one
+    assert bytes(restream(one, 4)) == _state([5, 0, 0, 0], cells)
+    assert restream(one, 1) is one                       # the same count: untouched
+    assert bytes(restream(_state([0, 0], b""), 1)) == _state([0], b"")
+    with pytest.raises(LlmctlError):        # cells in two streams: not one sequence's
+        restream(_state([5, 5], cells), 1)
+    with pytest.raises(LlmctlError):
+        restream(b"\xd8\x3c", 1)
+
+
 # ---- the real model --------------------------------------------------------------
 
 BODY = " ".join(f"Rule {i}: always read the file module_{i}.py before editing it, then run "
@@ -102,11 +130,13 @@ def agent_prompt(cwd: str) -> str:
 
 
 def load(home: Path, **opts):
+    # Four slots by default, as a server has: the engine then keeps a KV
+    # stream per slot, and the splice context one (splice.py's restream).
     os.environ["LLMCTL_HOME"] = str(home)
     from llmctl.runtime.llm import LLM, LoadOptions
     from llmctl.store.resolve import ResolvedModel
 
-    base = dict(ctx_size=2048, max_num_seqs=1, max_num_batched_tokens=256, flash_attn=False)
+    base = dict(ctx_size=2048, max_num_seqs=4, max_num_batched_tokens=256, flash_attn=False)
     return LLM(ResolvedModel("smollm2", smollm2_file(), context=2048),
                LoadOptions(**{**base, **opts}))
 
@@ -132,8 +162,9 @@ def cold(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_changed_early_line_reuses_the_rest_in_memory(tmp_path, cold):
-    with load(tmp_path, prefix_cache_size_gb=0, move_cached_runs=64) as llm:
+@pytest.mark.parametrize("slots", [1, 4])
+def test_a_changed_early_line_reuses_the_rest_in_memory(tmp_path, cold, slots):
+    with load(tmp_path, prefix_cache_size_gb=0, move_cached_runs=64, max_num_seqs=slots) as llm:
         first = ask(llm, "/srv/a")
         assert first.usage.cached_tokens == 0
         got = ask(llm, "/home/me/project-b")
