@@ -253,6 +253,11 @@ BackendSamplingOpt = Annotated[BackendSampling, typer.Option(
          "auto: on with the model wholly on a GPU.")]
 _BACKEND_SAMPLING = {BackendSampling.auto: None, BackendSampling.on: True,
                      BackendSampling.off: False}
+DeterministicOpt = Annotated[bool, typer.Option(
+    "--deterministic", envvar="LLMCTL_DETERMINISTIC",
+    help="Byte-identical greedy answers whatever else runs, on every model: keeps "
+         "quantized weights in their file's layout, which is slower on some models "
+         "(docs/exactness.md). `llmctl info` says whether the default is exact already.")]
 
 
 class Spec(str, Enum):
@@ -292,8 +297,8 @@ DraftMin = Annotated[int, typer.Option(
 @option_group
 @dataclasses.dataclass(frozen=True)
 class Decoding:
-    """--kv-type, the speculation options and --backend-sampling of `chat`,
-    `run` and `serve`, with the runtime's defaults."""
+    """--kv-type, the speculation options, --backend-sampling and
+    --deterministic of `chat`, `run` and `serve`, with the runtime's defaults."""
 
     kv_type: KvTypeOpt = KvType("f16")
     spec: SpecOpt = Spec.auto
@@ -302,6 +307,7 @@ class Decoding:
     draft: DraftOpt = None
     draft_p_min: DraftPMin = P_MIN
     backend_sampling: BackendSamplingOpt = BackendSampling.auto
+    deterministic: DeterministicOpt = False
 
     def load_fields(self) -> dict[str, Any]:
         """The LoadOptions fields these options set."""
@@ -309,7 +315,8 @@ class Decoding:
                 "spec": _spec_mode(self.spec, self.draft),
                 "draft_max": self.draft_max, "draft_min": self.draft_min, "draft": self.draft,
                 "draft_p_min": self.draft_p_min,
-                "backend_sampling": _BACKEND_SAMPLING[self.backend_sampling]}
+                "backend_sampling": _BACKEND_SAMPLING[self.backend_sampling],
+                "deterministic": self.deterministic}
 
 
 def _spec_mode(spec: Spec, draft: str | None) -> str | None:

@@ -27,9 +27,12 @@ class LoadOptions:
     # (on_device), where a bigger step costs little more than a small one.
     max_num_batched_tokens: int | None = None
     max_queue: int = 256
-    # None: on with every layer on a GPU (on_device); else on for a
-    # quantized KV, and on a CPU unless the prefix cache is on.
+    # None: on (use_flash_attn says why it is the exact choice on a CPU too).
     flash_attn: bool | None = None
+    # Byte-identical greedy answers whatever the batch, on every model:
+    # flash attention on and quantized weights in their file's layout
+    # (ggml's repacked layouts compute one row and several differently).
+    deterministic: bool = False
     # Sampling in llama.cpp's graph, so that only the chosen token leaves the
     # device, for the requests whose chain it supports (sampler.py's
     # backend_eligible). None: on with every layer on a GPU (on_device).
@@ -67,6 +70,9 @@ class LoadOptions:
         except ValueError as e:
             raise UsageError(f"invalid n_gpu_layers {self.n_gpu_layers!r}: use auto or a number") from e
         self._check_kv_type()
+        if self.deterministic and self.flash_attn is False:
+            raise UsageError("--deterministic needs flash attention: leave --flash-attn at auto "
+                             "or on")
         try:
             _ = self.spec_config
         except ValueError as e:
@@ -83,14 +89,11 @@ class LoadOptions:
     def on_device(self, offloaded: bool) -> "LoadOptions":
         """These options with their automatic values settled for where the
         model runs: `offloaded` means every layer is on a GPU. There, a
-        step of 2,048 tokens, flash attention (faster on CUDA at every
-        size: docs/measurements.md, "CUDA") and backend sampling; on a
-        CPU, the defaults above."""
+        step of 2,048 tokens and backend sampling; on a CPU, the defaults
+        above."""
         changes: dict = {}
         if self.max_num_batched_tokens is None:
             changes["max_num_batched_tokens"] = GPU_STEP_TOKENS if offloaded else CPU_STEP_TOKENS
-        if self.flash_attn is None and offloaded:
-            changes["flash_attn"] = True
         if self.backend_sampling is None:
             changes["backend_sampling"] = offloaded
         return replace(self, **changes) if changes else self
@@ -114,24 +117,27 @@ class LoadOptions:
     @property
     def use_flash_attn(self) -> bool:
         """The one flash-attention decision, read by the engine's context and
-        by the disk prefix cache's key alike.
+        by the disk prefix cache's key alike. Auto is on, everywhere.
 
-        CPU flash attention computes a chunk of 64 or more query rows with
-        another kernel than a shorter one; the scheduler's cuts keep prefix
-        hits bit-exact under it. But with 2+ threads a sequence decoding
-        alone in its ubatch with 512+ KV cells takes a split-KV kernel, and
-        beside other sequences a per-row one, so logits depend on which
-        requests run together (measured: concurrent != alone, off: equal).
-        So auto keeps it off while the cache is on (hits independent of
-        concurrency, and bit-exact where `llmctl info` measures this CPU's
-        rows exact: docs/exactness.md); on is faster, and hits match a cold
-        prefill run in the same company.
-
-        A quantized KV cache needs it (llama.cpp has no other kernel for a
-        quantized V), so auto turns it on there."""
+        On a CPU it is the exact choice as well as the faster one. Without
+        it, ggml multiplies one query row and several of one sequence by
+        different kernels, so a row's logits depend on its batch (measured
+        on both CPUs: docs/exactness.md). With it, each query row is
+        computed alone over its KV, in order: 64+ rows take a tiled kernel,
+        which the scheduler's tile rule keeps apart (prefix_cache/rule.py),
+        and llmctl's build turns off the split-KV kernel a lone decode row
+        took past 512 cells (scripts/llama_cpp_slim.cmake). A quantized KV
+        cache needs it too (llama.cpp has no other kernel for a quantized V)."""
         if self.flash_attn is not None:
             return self.flash_attn
-        return self.kv_type != "f16" or not self.prefix_cache
+        return True
+
+    @property
+    def repack(self) -> bool:
+        """Whether ggml may repack quantized weights for its faster kernels
+        (on unless deterministic: the repacked kernels compute one row and
+        several differently, docs/exactness.md)."""
+        return not self.deterministic
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,8 @@ class LLM:
         self.opts = opts
         n_ctx = opts.ctx_size or resolved.context or DEFAULT_CTX
         self.n_gpu_layers = _gpu_layers(resolved, opts, n_ctx)
-        self.model = LlamaModel(resolved.path, n_gpu_layers=self.n_gpu_layers)
+        self.model = LlamaModel(resolved.path, n_gpu_layers=self.n_gpu_layers,
+                                repack=opts.repack)
         # The automatic options settle once it is known where the layers went.
         self.opts = opts = opts.on_device(self.offloaded)
         if opts.ctx_size is None:
@@ -151,7 +152,8 @@ class LLM:
             return None
         # On a GPU the small draft goes there whole: its per-token cost is
         # what speculation must keep below the target's.
-        draft = LlamaModel(ref.path, n_gpu_layers=999 if self.n_gpu_layers else 0)
+        draft = LlamaModel(ref.path, n_gpu_layers=999 if self.n_gpu_layers else 0,
+                           repack=self.opts.repack)
         try:
             check_compatible(self.model, draft, (self.name, ref.name))
         except BaseException:

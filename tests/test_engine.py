@@ -142,12 +142,21 @@ def test_queue_full(llm):
 
 
 @pytest.mark.parametrize("setting,cache,expected", [
-    (None, False, True),         # auto without the prefix cache: fastest
-    (None, True, False),         # auto with it: exact at any concurrency
-    (True, True, True),          # asked for: faster, hits exact, batch-dependent logits
-    (False, False, False),
+    (None, False, True),         # auto: on, the faster and the exact kernel
+    (None, True, True),
+    (False, True, False),        # asked for: the older kernels
 ])
 def test_flash_attention_choice(setting, cache, expected):
     from llmctl.runtime.config import LoadOptions
 
     assert LoadOptions(flash_attn=setting, prefix_cache=cache).use_flash_attn is expected
+
+
+def test_deterministic_keeps_the_files_layout_and_needs_flash_attention():
+    from llmctl.errors import UsageError
+    from llmctl.runtime.config import LoadOptions
+
+    assert LoadOptions().repack and not LoadOptions(deterministic=True).repack
+    assert LoadOptions(deterministic=True).use_flash_attn
+    with pytest.raises(UsageError, match="--deterministic needs flash attention"):
+        LoadOptions(deterministic=True, flash_attn=False)

@@ -39,7 +39,7 @@ def prefix_cache_for(opts: LoadOptions, ctx: LlamaContext, weights: Weights,
         splicer = Splicer(ctx.model, context_config(opts, shape), opts.move_cached_runs)
     flash_attn = opts.use_flash_attn
     kv = KvLayout(n_ctx_seq=ctx.n_ctx_seq, n_seq_max=opts.max_num_seqs,
-                  kv_type=opts.kv_type, flash_attn=flash_attn)
+                  kv_type=opts.kv_type, flash_attn=flash_attn, repack=opts.repack)
     return open_prefix_cache(weights, kv, root=root,
                              budget_bytes=int(opts.prefix_cache_size_gb * 1e9),
                              tile=tile_for(flash_attn), splicer=splicer)

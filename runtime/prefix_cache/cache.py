@@ -73,6 +73,7 @@ class KvLayout:
     n_seq_max: int
     kv_type: str
     flash_attn: bool
+    repack: bool = True     # weights repacked: their kernels give other KV bytes
 
 
 def disk_identity(weights: Weights, kv: KvLayout) -> dict[str, object]:
@@ -83,7 +84,8 @@ def disk_identity(weights: Weights, kv: KvLayout) -> dict[str, object]:
         "path": str(weights.path),
         "sha256": file_identity(weights.path, weights.sha256),
         "n_ctx_seq": kv.n_ctx_seq, "n_seq_max": kv.n_seq_max,
-        "kv_type": kv.kv_type, "flash_attn": kv.flash_attn, "rope": "model",
+        "kv_type": kv.kv_type, "flash_attn": kv.flash_attn, "repack": kv.repack,
+        "rope": "model",
         # 2: prompts cut by the flash-attention tile rule (rule.py), so
         # states saved under the old cuts are never restored.
         "llama_cpp": LLAMA_CPP_VERSION, "format": 2,
