@@ -70,9 +70,10 @@ def system(rules: str, run: int) -> str:
             f"Time: {when}\n{rules}")
 
 
-def ask(url: str, model: str, messages: list[dict], tools: list[dict]) -> dict:
+def ask(url: str, model: str, messages: list[dict], tools: list[dict],
+        max_tokens: int = 16) -> dict:
     """One turn from a new client: TTFT, the reply, the reused prompt tokens."""
-    body = {"model": model, "messages": messages, "tools": tools, "max_tokens": 16,
+    body = {"model": model, "messages": messages, "tools": tools, "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     ttft, text, usage, cache_n = None, "", {}, None

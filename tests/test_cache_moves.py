@@ -17,7 +17,7 @@ from llmctl.runtime.engine.sequence import Sequence
 from llmctl.errors import LlmctlError
 from llmctl.runtime.engine.slots import SlotTable
 from llmctl.runtime.llama.splice import restream
-from llmctl.runtime.prefix_cache.reuse import plan
+from llmctl.runtime.prefix_cache.reuse import SETTLE, plan
 from llmctl.runtime.sampling import SamplingParams
 
 # ---- the plan, no model ---------------------------------------------------------
@@ -40,8 +40,9 @@ def test_a_changed_line_keeps_what_follows_it():
     have = head + [1, 2, 3] + body
     prompt = head + [7, 8, 9, 10, 11] + body + [5]
     got = plan(have, prompt, 40, 32)
-    assert [(r.src, r.dst, r.n) for r in got.runs] == [(43, 45, 599)]
-    assert got.total == 40 + 599
+    # The run's first SETTLE tokens are computed afresh after the new line.
+    assert [(r.src, r.dst, r.n) for r in got.runs] == [(43 + SETTLE, 45 + SETTLE, 599 - SETTLE)]
+    assert got.total == 40 + 599 - SETTLE
     assert plan(have, prompt, 40, 0).runs == ()          # 0 turns moving off
     shorter = head + [7] + body[:20] + [9] * 30
     assert plan(have, shorter, 40, 32).runs == ()        # no run as long as min_run
@@ -73,7 +74,8 @@ def test_the_slot_table_prefers_the_slot_with_the_longest_runs():
     seq.slot, _ = table.take(seq.prompt)
     seq.kv_src = (seq.slot, 10)
     table.plan_prefix(seq, [seq])
-    assert seq.moved is not None and seq.moved.total == 10 + 399     # not the last 2
+    # not the last 2, nor the first SETTLE of the run (recomputed after the change)
+    assert seq.moved is not None and seq.moved.total == 10 + 399 - SETTLE
     assert seq.kv_src == (seq.slot, 10)             # the slot it took is the one with the body
     off = SlotTable(3, min_share=4, tile=1)
     s = Sequence(prompt=head + [1] + body, params=SamplingParams(), max_new=4)

@@ -53,9 +53,9 @@ def test_quantized_v_with_flash_attention_off_says_why(kv):
         LoadOptions(kv_type=kv, flash_attn=False)
 
 
-def test_auto_flash_attention_is_on_for_every_cache_type():
-    assert LoadOptions(kv_type="q8_0").use_flash_attn          # needed for a quantized V
-    assert LoadOptions().use_flash_attn                        # f16: the exact kernel
+def test_auto_flash_attention_is_on_for_a_quantized_cache_only():
+    assert LoadOptions(kv_type="q8_0").use_flash_attn          # prefix cache on
+    assert not LoadOptions().use_flash_attn                    # f16: exact prefix hits
     assert LoadOptions(kv_type="q4_0", flash_attn=True).use_flash_attn
 
 

@@ -21,6 +21,12 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 ANCHOR = 8      # tokens that locate a run; a run then extends as far as it matches
+# Tokens at a run's start computed afresh rather than moved. The tokens
+# right after a changed span carry it in their KV (a copying model reads
+# what followed a path to know where it ended), so an old one there can
+# change an answer: measured, a working directory shortened to "/srv/x"
+# was read back as "/srv/x26-12-07" (scripts/bench_changed_line.py).
+SETTLE = 16
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,7 @@ def plan(have: list[int], prompt: list[int], prefix: int, min_run: int) -> Reuse
         if n < min_run:
             p += 1
             continue
-        runs.append(Run(src, p, n))
+        if n - SETTLE >= min_run:
+            runs.append(Run(src + SETTLE, p + SETTLE, n - SETTLE))
         p, c = p + n, src + n
     return Reuse(prefix, tuple(runs))
