@@ -16,11 +16,11 @@ NoExactness = Annotated[bool, typer.Option(
     "--no-exactness", help="Skip measuring whether batching changes greedy answers on this "
                            "machine (it loads the default model for about a second).")]
 
-# The two settings whose guarantee may differ (JSON key, label, repack):
-# the default and --deterministic, both with flash attention; they differ
-# in whether ggml repacks the weights, whose kernels may round a lone row
-# and a batch differently (docs/exactness.md).
-_SETTINGS = (("default", "the default", True), ("deterministic", "--deterministic", False))
+# The two settings whose guarantee may differ (JSON key, label, flash
+# attention, repacked weights): serve's default, and --deterministic, whose
+# kernels compute a row alone and in a batch alike (docs/exactness.md).
+_SETTINGS = (("default", "serve's default", False, True),
+             ("deterministic", "--deterministic", True, False))
 
 
 @handle_errors
@@ -63,8 +63,8 @@ def _exactness() -> dict[str, Any]:
 
     try:
         resolved = resolve_model(None)
-        results = {key: measure_rows(resolved.path, flash_attn=True, repack=repack).to_dict()
-                   for key, _, repack in _SETTINGS}
+        results = {key: measure_rows(resolved.path, flash_attn=flash, repack=repack).to_dict()
+                   for key, _, flash, repack in _SETTINGS}
     except LlmctlError as e:
         return {"measured": False, "reason": str(e)}
     return {"measured": True, "model": resolved.name, **results}
@@ -76,7 +76,7 @@ def _exactness_rows(table: Table, exactness: dict[str, Any]) -> None:
         return
     from llmctl.runtime.llama.exactness import RowExactness
 
-    for key, label, _ in _SETTINGS:
+    for key, label, _, _ in _SETTINGS:
         r = RowExactness(**exactness[key])
         table.add_row(f"[bold]exactness[/], {label}", r.summary())
     table.add_row("", f"(measured just now on {exactness['model']}, {r.threads} threads: "

@@ -255,9 +255,9 @@ _BACKEND_SAMPLING = {BackendSampling.auto: None, BackendSampling.on: True,
                      BackendSampling.off: False}
 DeterministicOpt = Annotated[bool, typer.Option(
     "--deterministic", envvar="LLMCTL_DETERMINISTIC",
-    help="Byte-identical greedy answers whatever else runs, on every model: keeps "
-         "quantized weights in their file's layout, which is slower on some models "
-         "(docs/exactness.md). `llmctl info` says whether the default is exact already.")]
+    help="Byte-identical greedy answers whatever else runs, on every model: flash "
+         "attention on, quantized weights in their file's layout. Slower cache hits on "
+         "long prompts, faster at many short requests (docs/exactness.md).")]
 
 
 class Spec(str, Enum):

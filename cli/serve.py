@@ -55,9 +55,10 @@ NoPrefixCache = Annotated[bool, typer.Option(
     "--no-prefix-cache", envvar="LLMCTL_NO_PREFIX_CACHE", help="Recompute every prompt from scratch.")]
 FlashAttnOpt = Annotated[FlashAttn, typer.Option(
     "--flash-attn", envvar="LLMCTL_FLASH_ATTN",
-    help="auto (on): faster, and on a CPU the kernel that keeps a row's logits "
-         "independent of the requests beside it (docs/exactness.md); off: the older "
-         "kernels, whose logits depend on the batch. A quantized --kv-type needs it.")]
+    help="auto: on with the model wholly on a GPU, under --deterministic or a quantized "
+         "--kv-type (which needs it); on a CPU, off while the prefix cache is on, which "
+         "keeps an agent's cache hits fast. On: faster at many short requests, and the "
+         "kernel whose logits do not depend on the batch (docs/exactness.md).")]
 PrefixCacheSize = Annotated[float, typer.Option(
     "--prefix-cache-size", min=0.0, envvar="LLMCTL_PREFIX_CACHE_SIZE",
     help="Disk budget of the prefix KV cache, in GB.")]

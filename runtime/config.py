@@ -27,7 +27,8 @@ class LoadOptions:
     # (on_device), where a bigger step costs little more than a small one.
     max_num_batched_tokens: int | None = None
     max_queue: int = 256
-    # None: on (use_flash_attn says why it is the exact choice on a CPU too).
+    # None: on with every layer on a GPU (on_device), under deterministic
+    # and for a quantized KV; on a CPU, on unless the prefix cache is on.
     flash_attn: bool | None = None
     # Byte-identical greedy answers whatever the batch, on every model:
     # flash attention on and quantized weights in their file's layout
@@ -89,11 +90,14 @@ class LoadOptions:
     def on_device(self, offloaded: bool) -> "LoadOptions":
         """These options with their automatic values settled for where the
         model runs: `offloaded` means every layer is on a GPU. There, a
-        step of 2,048 tokens and backend sampling; on a CPU, the defaults
-        above."""
+        step of 2,048 tokens, flash attention (faster on CUDA at every
+        size: docs/measurements.md, "CUDA") and backend sampling; on a
+        CPU, the defaults above."""
         changes: dict = {}
         if self.max_num_batched_tokens is None:
             changes["max_num_batched_tokens"] = GPU_STEP_TOKENS if offloaded else CPU_STEP_TOKENS
+        if self.flash_attn is None and offloaded:
+            changes["flash_attn"] = True
         if self.backend_sampling is None:
             changes["backend_sampling"] = offloaded
         return replace(self, **changes) if changes else self
@@ -117,20 +121,25 @@ class LoadOptions:
     @property
     def use_flash_attn(self) -> bool:
         """The one flash-attention decision, read by the engine's context and
-        by the disk prefix cache's key alike. Auto is on, everywhere.
+        by the disk prefix cache's key alike.
 
-        On a CPU it is the exact choice as well as the faster one. Without
-        it, ggml multiplies one query row and several of one sequence by
-        different kernels, so a row's logits depend on its batch (measured
-        on both CPUs: docs/exactness.md). With it, each query row is
-        computed alone over its KV, in order: 64+ rows take a tiled kernel,
-        which the scheduler's tile rule keeps apart (prefix_cache/rule.py),
-        and llmctl's build turns off the split-KV kernel a lone decode row
-        took past 512 cells (scripts/llama_cpp_slim.cmake). A quantized KV
-        cache needs it too (llama.cpp has no other kernel for a quantized V)."""
+        On a CPU it is the exact kernel: each query row is computed alone
+        over its KV, in order (64+ rows take a tiled kernel, which the
+        scheduler's tile rule keeps apart, prefix_cache/rule.py; llmctl's
+        build turns off the split-KV kernel a lone decode row took past 512
+        cells, scripts/llama_cpp_slim.cmake). Without it, one query row and
+        several are multiplied by different kernels, so logits depend on the
+        batch (docs/exactness.md). But a prefix-cache hit under it recomputes
+        the prompt's last 64-row tile, and its small chunks over a long KV
+        are slower: an agent's repeated turns took 3x as long (measured:
+        docs/measurements.md, "Batch invariance"). So while the prefix cache
+        is on, auto keeps it off and --deterministic turns it on.
+
+        A quantized KV cache needs it (llama.cpp has no other kernel for a
+        quantized V), so auto turns it on there."""
         if self.flash_attn is not None:
             return self.flash_attn
-        return True
+        return self.deterministic or self.kv_type != "f16" or not self.prefix_cache
 
     @property
     def repack(self) -> bool:

@@ -78,8 +78,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=6)
     ap.add_argument("--context", type=int, default=200,
-                    help="Tokens before the measured rows (over 256, flash attention splits a "
-                         "lone decode row's KV across threads: not exact either way).")
+                    help="Tokens before the measured rows.")
     ap.add_argument("--flash-attn", choices=("on", "off"), default="on")
     ap.add_argument("--rows", default=",".join(map(str, ROWS)),
                     help="row counts to time, e.g. 1,2,9,33,65 for long drafts")

@@ -142,9 +142,10 @@ def test_queue_full(llm):
 
 
 @pytest.mark.parametrize("setting,cache,expected", [
-    (None, False, True),         # auto: on, the faster and the exact kernel
-    (None, True, True),
-    (False, True, False),        # asked for: the older kernels
+    (None, False, True),         # auto without the prefix cache: the exact kernel
+    (None, True, False),         # auto with it: fast hits on long prompts
+    (True, True, True),          # asked for
+    (False, False, False),
 ])
 def test_flash_attention_choice(setting, cache, expected):
     from llmctl.runtime.config import LoadOptions
