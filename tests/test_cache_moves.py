@@ -13,8 +13,8 @@ import pytest
 from near_tie import assert_same_until_near_tie, top_from_engine
 
 from conftest import smollm2_file
-from llmctl.runtime.engine.sequence import Sequence
 from llmctl.errors import LlmctlError
+from llmctl.runtime.engine.sequence import Sequence
 from llmctl.runtime.engine.slots import SlotTable
 from llmctl.runtime.llama.splice import restream
 from llmctl.runtime.prefix_cache.reuse import SETTLE, plan

@@ -114,6 +114,7 @@ def test_greedy_texts_are_byte_identical_in_any_company(tmp_path, exactness):
     assert sum(a["usage"]["completion_tokens"] for a in alone) > 16 * 32
     reference = _texts(alone)
     for name, run in (("quiet", quiet), ("busy, cache hits", busy), ("ngram", guessed)):
-        differ = [i for i, (a, b) in enumerate(zip(_texts(run), reference)) if a != b]
+        differ = [i for i, (a, b) in enumerate(zip(_texts(run), reference, strict=True))
+                  if a != b]
         assert not differ, (name, [(PROMPTS[i][:40], _texts(run)[i], reference[i])
                                    for i in differ])

@@ -29,7 +29,6 @@ from llmctl.errors import LlmctlError
 from llmctl.runtime.llama.context import ContextConfig, LlamaContext
 from llmctl.runtime.llama.model import LlamaModel
 
-
 # llama_state_seq_get_data's header before the KV's own state: a magic and
 # the sequence id (llama-context.cpp's state_seq_write_data).
 HEAD = 8
@@ -86,7 +85,7 @@ class Splicer:
             # runs never cover the prompt's last token, so it exists.
             ctx.prefill(0, prompt[at:at + 1], at)
             ctx.seq_rm(1, -1, -1)
-            return restream(ctx.state_get(0), self.n_stream), at + 1
+            return memoryview(restream(ctx.state_get(0), self.n_stream)), at + 1
         finally:
             ctx.clear()
 
