@@ -7,25 +7,77 @@
 # the forced cache entry, and llama.cpp's option() (policy CMP0077) keeps it.
 set(LLAMA_BUILD_COMMON OFF)
 
-# Batch invariance (docs/exactness.md): with two or more threads, ggml's CPU
-# flash attention gives a lone decode row over 512+ KV cells a split-KV
-# kernel, which sums the softmax in per-thread pieces, while the same row
-# beside other rows takes the per-row kernel. So a greedy answer could
-# depend on what else the server ran in its step. llmctl turns the split
-# path off; the per-row kernel already spreads a step's heads over the
-# threads, which on a few cores costs nothing measurable (measurements.md,
-# "Flash attention"). The build stops if the line is not found, so a new
-# llama.cpp cannot drop the guarantee silently.
+# Patches to ggml's CPU flash attention, each checked: the build stops if
+# its anchor is not found, so a new llama.cpp cannot drop one silently.
+# They are applied once to the source tree (a rebuild finds them in place).
 set(_llmctl_fa "${CMAKE_CURRENT_SOURCE_DIR}/ggml/src/ggml-cpu/ops.cpp")
 file(READ "${_llmctl_fa}" _llmctl_src)
-set(_llmctl_old "q->type == GGML_TYPE_F32 && nek1 >= 512;")
-set(_llmctl_new "q->type == GGML_TYPE_F32 && nek1 >= 512 && false /* llmctl: batch-invariant */;")
-string(FIND "${_llmctl_src}" "${_llmctl_new}" _llmctl_done)
+string(FIND "${_llmctl_src}" "llmctl:" _llmctl_done)
 if(_llmctl_done EQUAL -1)
-  string(FIND "${_llmctl_src}" "${_llmctl_old}" _llmctl_at)
-  if(_llmctl_at EQUAL -1)
-    message(FATAL_ERROR "llmctl: flash attention's split-KV condition not found in ${_llmctl_fa}")
-  endif()
-  string(REPLACE "${_llmctl_old}" "${_llmctl_new}" _llmctl_src "${_llmctl_src}")
+  # OLD_VAR and NEW_VAR name variables, so C++ text passes through unparsed.
+  function(_llmctl_patch old_var new_var what)
+    string(FIND "${_llmctl_src}" "${${old_var}}" _at)
+    if(_at EQUAL -1)
+      message(FATAL_ERROR "llmctl: ${what} not found in ${_llmctl_fa}")
+    endif()
+    string(REPLACE "${${old_var}}" "${${new_var}}" _out "${_llmctl_src}")
+    set(_llmctl_src "${_out}" PARENT_SCOPE)
+  endfunction()
+
+  # Batch invariance (docs/exactness.md): with two or more threads, ggml's
+  # CPU flash attention gives a lone decode row over 512+ KV cells a
+  # split-KV kernel, which sums the softmax in per-thread pieces, while the
+  # same row beside other rows takes the per-row kernel. So a greedy answer
+  # could depend on what else the server ran in its step. llmctl turns the
+  # split path off; the per-row kernel already spreads a step's heads over
+  # the threads, which on a few cores costs nothing measurable
+  # (measurements.md, "Batch invariance").
+  set(_old "q->type == GGML_TYPE_F32 && nek1 >= 512;")
+  set(_new "q->type == GGML_TYPE_F32 && nek1 >= 512 && false /* llmctl: batch-invariant */;")
+  _llmctl_patch(_old _new "flash attention's split-KV condition")
+
+  # The per-row kernel, made fast over a long KV (llama_cpp_fa_rows.h says
+  # why and how): its code goes in ahead of ggml's, which calls it per row.
+  file(READ "${CMAKE_CURRENT_LIST_DIR}/llama_cpp_fa_rows.h" _code)
+  set(_old "static void ggml_compute_forward_flash_attn_ext_f16_one_chunk(")
+  set(_new "${_code}\n${_old}")
+  _llmctl_patch(_old _new "the per-row flash-attention kernel")
+  set(_old "    int ith = params->ith;\n\n    for (int ir = ir0; ir < ir1; ++ir) {\n        // q indices\n")
+  set(_new "    int ith = params->ith;
+
+    // llmctl: rows computed ahead in groups of one head (llama_cpp_fa_rows.h).
+    const bool llmctl_rows = ic_start == 0 &&
+        llmctl_fa_rows_ok(q, k, v, sinks, DK, DV, write_partials);
+    int llmctl_lo = 0, llmctl_hi = 0;
+    float * llmctl_scores = (float *) params->wdata + params->nth*(1*DK + 2*DV + CACHE_LINE_SIZE_F32)
+        + ith*(LLMCTL_FA_BLOCK + 8 + LLMCTL_FA_GROUP*(DV + 2) + CACHE_LINE_SIZE_F32);
+    float * llmctl_out = llmctl_scores + LLMCTL_FA_BLOCK + 8;
+
+    for (int ir = ir0; ir < ir1; ++ir) {
+        // q indices
+")
+  _llmctl_patch(_old _new "the per-row kernel's loop over its rows")
+  set(_old "        for (int64_t ic = ic_start; ic < ic_end; ++ic) {")
+  set(_new "        if (llmctl_rows) {
+            if (ir >= llmctl_hi) {
+                llmctl_lo = ir;
+                llmctl_hi = (int) std::min<int64_t>({(int64_t) ir1, ir + (neq1 - iq1),
+                                                     (int64_t) ir + LLMCTL_FA_GROUP});
+                llmctl_fa_group((const char *) pq, nbq1, llmctl_hi - llmctl_lo,
+                                (const char *) k->data + ik2*nbk2 + ik3*nbk3, nbk1,
+                                (const char *) v->data + iv2*nbv2 + iv3*nbv3, nbv1, DK, DV, ic_end,
+                                (const char *) mp, mask ? mask->nb[1] : 0, slope, scale,
+                                logit_softcap, llmctl_scores, llmctl_out);
+            }
+            const float * st = llmctl_out + (ir - llmctl_lo)*(DV + 2);
+            M = st[0];
+            S = st[1];
+            memcpy(VKQ32, st + 2, DV*sizeof(float));
+        }
+        for (int64_t ic = llmctl_rows ? ic_end : ic_start; ic < ic_end; ++ic) {")
+  _llmctl_patch(_old _new "the per-row kernel's loop over the KV")
+  set(_old "                VKQ32[d] = GGML_CPU_FP16_TO_FP32(VKQ16[d]);")
+  set(_new "                if (!llmctl_rows) VKQ32[d] = GGML_CPU_FP16_TO_FP32(VKQ16[d]);")
+  _llmctl_patch(_old _new "the per-row kernel's f16 accumulator")
   file(WRITE "${_llmctl_fa}" "${_llmctl_src}")
 endif()
