@@ -19,8 +19,12 @@ NoExactness = Annotated[bool, typer.Option(
 # The two settings whose guarantee may differ (JSON key, label, flash
 # attention, repacked weights): serve's default, and --deterministic, whose
 # kernels compute a row alone and in a batch alike (docs/exactness.md).
-_SETTINGS = (("default", "serve's default", False, True),
+_SETTINGS = (("default", "serve's default", True, True),
              ("deterministic", "--deterministic", True, False))
+# The default reuses a cached prefix at any cut, so a hit may compute its
+# tail with flash attention's per-row kernel where the cold prefill took the
+# tiled one; only --deterministic cuts by the tile (prefix_cache/rule.py).
+_HITS_EXACT = {"default": False, "deterministic": True}
 
 
 @handle_errors
@@ -63,7 +67,8 @@ def _exactness() -> dict[str, Any]:
 
     try:
         resolved = resolve_model(None)
-        results = {key: measure_rows(resolved.path, flash_attn=flash, repack=repack).to_dict()
+        results = {key: {**measure_rows(resolved.path, flash_attn=flash, repack=repack).to_dict(),
+                         "cache_hits_exact": _HITS_EXACT[key]}
                    for key, _, flash, repack in _SETTINGS}
     except LlmctlError as e:
         return {"measured": False, "reason": str(e)}
@@ -77,8 +82,12 @@ def _exactness_rows(table: Table, exactness: dict[str, Any]) -> None:
     from llmctl.runtime.llama.exactness import RowExactness
 
     for key, label, _, _ in _SETTINGS:
-        r = RowExactness(**exactness[key])
-        table.add_row(f"[bold]exactness[/], {label}", r.summary())
+        fields = dict(exactness[key])
+        hits_exact = fields.pop("cache_hits_exact")
+        r = RowExactness(**fields)
+        caveat = "" if hits_exact or not r.exact else (
+            "; but a prefix-cache hit may round differently (--deterministic holds hits to it)")
+        table.add_row(f"[bold]exactness[/], {label}", r.summary() + caveat)
     table.add_row("", f"(measured just now on {exactness['model']}, {r.threads} threads: "
                       "see docs/exactness.md; --no-exactness skips it)")
 

@@ -255,9 +255,9 @@ _BACKEND_SAMPLING = {BackendSampling.auto: None, BackendSampling.on: True,
                      BackendSampling.off: False}
 DeterministicOpt = Annotated[bool, typer.Option(
     "--deterministic", envvar="LLMCTL_DETERMINISTIC",
-    help="Byte-identical greedy answers whatever else runs, on every model: flash "
-         "attention on, quantized weights in their file's layout. Slower cache hits on "
-         "long prompts, faster at many short requests (docs/exactness.md).")]
+    help="Byte-identical greedy answers whatever else runs, on every model: "
+         "quantized weights in their file's layout, and cache hits that recompute a "
+         "64-token tile. Slower decoding and cache hits (docs/exactness.md).")]
 
 
 class Spec(str, Enum):

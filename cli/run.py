@@ -60,8 +60,8 @@ def run(
         note_base_model(model)
 
     params = gen.sampling()
-    # One prompt, one answer: a prefix cache would only cost us flash
-    # attention (the engine turns it off for exact cache hits) for no reuse.
+    # One prompt, one answer: a prefix cache would only cost memory and
+    # disk writes for no reuse.
     load = gen.load(prefix_cache=False, **decoding.load_fields())
     result = run_prompt(model, text, params, load, system=gen.system,
                         on_text=None if json else write_out, raw=raw)

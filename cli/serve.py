@@ -55,10 +55,9 @@ NoPrefixCache = Annotated[bool, typer.Option(
     "--no-prefix-cache", envvar="LLMCTL_NO_PREFIX_CACHE", help="Recompute every prompt from scratch.")]
 FlashAttnOpt = Annotated[FlashAttn, typer.Option(
     "--flash-attn", envvar="LLMCTL_FLASH_ATTN",
-    help="auto: on with the model wholly on a GPU, under --deterministic or a quantized "
-         "--kv-type (which needs it); on a CPU, off while the prefix cache is on, which "
-         "keeps an agent's cache hits fast. On: faster at many short requests, and the "
-         "kernel whose logits do not depend on the batch (docs/exactness.md).")]
+    help="auto (on): faster prefills and batches, and the kernel whose logits do not "
+         "depend on the batch (docs/exactness.md). Off: the older kernels; a quantized "
+         "--kv-type and --deterministic need it on.")]
 PrefixCacheSize = Annotated[float, typer.Option(
     "--prefix-cache-size", min=0.0, envvar="LLMCTL_PREFIX_CACHE_SIZE",
     help="Disk budget of the prefix KV cache, in GB.")]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from llmctl.errors import UsageError
 from llmctl.kv_types import KV_TYPES
 from llmctl.runtime import planner
+from llmctl.runtime.prefix_cache.rule import tile_for
 from llmctl.runtime.speculation.config import DRAFT_MIN, P_MIN, SpecConfig, default_draft_max
 
 CPU_STEP_TOKENS = 512
@@ -121,25 +122,25 @@ class LoadOptions:
     @property
     def use_flash_attn(self) -> bool:
         """The one flash-attention decision, read by the engine's context and
-        by the disk prefix cache's key alike.
+        by the disk prefix cache's key alike: on unless turned off.
 
         On a CPU it is the exact kernel: each query row is computed alone
         over its KV, in order (64+ rows take a tiled kernel, which the
-        scheduler's tile rule keeps apart, prefix_cache/rule.py; llmctl's
-        build turns off the split-KV kernel a lone decode row took past 512
-        cells, scripts/llama_cpp_slim.cmake). Without it, one query row and
+        scheduler's tile rule keeps apart under --deterministic,
+        prefix_cache/rule.py; llmctl's build turns off the split-KV kernel a
+        lone decode row took past 512 cells, and replaces the per-row kernel
+        with one as fast as attention without flash attention over a long
+        KV, scripts/llama_cpp_fa_rows.h). Without it, one query row and
         several are multiplied by different kernels, so logits depend on the
-        batch (docs/exactness.md). But a prefix-cache hit under it recomputes
-        the prompt's last 64-row tile, and its small chunks over a long KV
-        are slower: an agent's repeated turns took 3x as long (measured:
-        docs/measurements.md, "Batch invariance"). So while the prefix cache
-        is on, auto keeps it off and --deterministic turns it on.
+        batch (docs/exactness.md), and prefills and many short requests are
+        slower (docs/measurements.md, "Batch invariance")."""
+        return True if self.flash_attn is None else self.flash_attn
 
-        A quantized KV cache needs it (llama.cpp has no other kernel for a
-        quantized V), so auto turns it on there."""
-        if self.flash_attn is not None:
-            return self.flash_attn
-        return self.deterministic or self.kv_type != "f16" or not self.prefix_cache
+    @property
+    def prompt_tile(self) -> int:
+        """The one tile rule (prefix_cache/rule.py), read by the scheduler's
+        cuts and the prefix cache's reuse alike, so the two never disagree."""
+        return tile_for(self.use_flash_attn, self.deterministic)
 
     @property
     def repack(self) -> bool:

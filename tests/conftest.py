@@ -68,10 +68,21 @@ def exactness():
     """`exactness(flash_attn=False)`: this machine's RowExactness for SmolLM2
     (llmctl.runtime.llama.exactness, measured once a session per setting). Tests
     assert identical greedy answers across batch shapes only where it says
-    exact, else the same up to a near-tie (tests/near_tie.py)."""
+    exact, else the same up to a near-tie (tests/near_tie.py).
+
+    `exactness(serve_default=True)` is for a server at its defaults with
+    prefix-cache hits: flash attention's rows, never held exact, since the
+    default reuses a prefix at any cut (prefix_cache/rule.py)."""
+    from dataclasses import replace
+
     from llmctl.runtime.llama.exactness import measure_rows
 
-    return lambda flash_attn=False: measure_rows(smollm2_file(), flash_attn=flash_attn)
+    def measure(flash_attn: bool = False, serve_default: bool = False):
+        if serve_default:
+            return replace(measure_rows(smollm2_file(), flash_attn=True), exact=False)
+        return measure_rows(smollm2_file(), flash_attn=flash_attn)
+
+    return measure
 
 
 def wait_until(cond, what: str, timeout: float, interval: float = 0.05):

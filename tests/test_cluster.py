@@ -222,7 +222,7 @@ def test_a_prefix_computed_on_one_replica_is_a_disk_hit_on_the_other(cluster, ex
     # where this machine's rows are exact, else the same up to a near-tie.
     ref, hit = first.json()["choices"][0], second.json()["choices"][0]
     content = ref["logprobs"]["content"]
-    assert_greedy_agree(exactness(flash_attn=False), [c["token"] for c in content],
+    assert_greedy_agree(exactness(serve_default=True), [c["token"] for c in content],
                         hit["message"]["content"], top_from_openai(content),
                         ref["message"]["content"])
     disk = _poll(lambda: _stats(client)["replicas"][b]["prefix_cache_hit_tokens_disk"],

@@ -142,15 +142,28 @@ def test_queue_full(llm):
 
 
 @pytest.mark.parametrize("setting,cache,expected", [
-    (None, False, True),         # auto without the prefix cache: the exact kernel
-    (None, True, False),         # auto with it: fast hits on long prompts
+    (None, False, True),         # auto: on, with the prefix cache or without
+    (None, True, True),
     (True, True, True),          # asked for
-    (False, False, False),
+    (False, True, False),
 ])
 def test_flash_attention_choice(setting, cache, expected):
     from llmctl.runtime.config import LoadOptions
 
     assert LoadOptions(flash_attn=setting, prefix_cache=cache).use_flash_attn is expected
+
+
+def test_the_tile_rule_is_one_decision_and_keys_the_disk_cache(tmp_path):
+    """Cuts by the tile only under --deterministic; a state computed under
+    any cut never serves a setting held to the tile's cuts."""
+    from llmctl.runtime.config import LoadOptions
+    from llmctl.runtime.prefix_cache.cache import KvLayout, Weights, disk_identity
+
+    assert LoadOptions(deterministic=True).prompt_tile == 64
+    assert LoadOptions().prompt_tile == 1 and LoadOptions(flash_attn=False).prompt_tile == 1
+    weights = Weights("m", tmp_path / "m.gguf", "ab" * 32)
+    kv = {"n_ctx_seq": 1024, "n_seq_max": 2, "kv_type": "f16", "flash_attn": True, "repack": False}
+    assert disk_identity(weights, KvLayout(**kv, tile=1)) != disk_identity(weights, KvLayout(**kv, tile=64))
 
 
 def test_deterministic_keeps_the_files_layout_and_needs_flash_attention():

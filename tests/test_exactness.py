@@ -83,10 +83,10 @@ def test_info_reports_the_measured_guarantee(exactness):
     got = json.loads(shown.stdout)["exactness"]
     assert got["measured"] and got["model"] == "smollm2"
     default, plain = got["default"], got["deterministic"]
-    assert not default["flash_attn"] and default["repack"]
-    assert plain["flash_attn"] and not plain["repack"]
-    assert default["exact"] is exactness(flash_attn=False).exact
-    assert default["max_logit_diff"] == exactness(flash_attn=False).max_logit_diff
+    assert default["flash_attn"] and default["repack"] and not default["cache_hits_exact"]
+    assert plain["flash_attn"] and not plain["repack"] and plain["cache_hits_exact"]
+    assert default["exact"] is exactness(flash_attn=True).exact
+    assert default["max_logit_diff"] == exactness(flash_attn=True).max_logit_diff
     assert plain["exact"] is True, plain        # what --deterministic promises
     text = subprocess.run([sys.executable, "-m", "llmctl", "info"], env=env,
                           capture_output=True, text=True, timeout=300).stdout

@@ -58,6 +58,6 @@ def test_a_model_wholly_on_a_gpu_gets_the_gpus_defaults():
         (GPU_STEP_TOKENS, True, True)
     cpu = LoadOptions(max_num_seqs=16).on_device(False)
     assert (cpu.step_tokens, cpu.use_flash_attn, cpu.backend_sampling) == \
-        (CPU_STEP_TOKENS, False, False)
+        (CPU_STEP_TOKENS, True, False)
     mine = LoadOptions(max_num_batched_tokens=300, flash_attn=False, backend_sampling=False)
     assert mine.on_device(True) == mine             # what was asked for stays

@@ -53,10 +53,10 @@ def test_quantized_v_with_flash_attention_off_says_why(kv):
         LoadOptions(kv_type=kv, flash_attn=False)
 
 
-def test_auto_flash_attention_is_on_for_a_quantized_cache_only():
-    assert LoadOptions(kv_type="q8_0").use_flash_attn          # prefix cache on
-    assert not LoadOptions().use_flash_attn                    # f16: exact prefix hits
-    assert LoadOptions(kv_type="q4_0", flash_attn=True).use_flash_attn
+def test_auto_flash_attention_is_on_unless_turned_off():
+    assert LoadOptions(kv_type="q8_0").use_flash_attn          # a quantized V needs it
+    assert LoadOptions().use_flash_attn                        # f16, prefix cache on
+    assert not LoadOptions(flash_attn=False).use_flash_attn
 
 
 def test_llama_cpp_refusing_the_context_is_an_error_with_its_reason(model):

@@ -67,10 +67,9 @@ def test_streamed_logprobs_equal_the_whole_answer(client, exactness):
     whole = client.chat.completions.create(**kwargs).choices[0].logprobs.content
     streamed = [e for c in client.chat.completions.create(**kwargs, stream=True)
                 for ch in c.choices if ch.logprobs for e in ch.logprobs.content]
-    # The second request may reuse the first one's parked KV (the prefix
-    # cache is on, so flash attention is off): identical where this
-    # machine's rows measure exact, else the same tokens up to a near-tie.
-    measured = exactness(flash_attn=False)
+    # The second request may reuse the first one's parked KV, which the
+    # defaults do not hold exact: the same tokens up to a near-tie.
+    measured = exactness(serve_default=True)
     ref = [e.model_dump() for e in whole]
     part = assert_greedy_agree(measured, [e["token"] for e in ref], [e.token for e in streamed],
                                top_from_openai(ref))
@@ -106,7 +105,7 @@ def test_streamed_completion_offsets_continue_across_chunks(shared):
     assert offsets and offsets == sorted(offsets) and offsets[-1] < len(text)
 
 
-def test_n_choices_share_the_prompt_and_add_up(client, shared, exactness):
+def test_n_choices_share_the_prompt_and_add_up(client, shared):
     before = httpx.get(shared.url + "/stats").json()
     r = client.chat.completions.create(model="smollm2", messages=LONG, max_tokens=8,
                                        temperature=0.9, seed=7, n=3,
@@ -127,15 +126,14 @@ def test_n_choices_share_the_prompt_and_add_up(client, shared, exactness):
     single = client.chat.completions.create(model="smollm2", messages=LONG, max_tokens=8,
                                             temperature=0.9, seed=8,
                                             extra_body={"ignore_eos": True})
-    # Reruns reuse the cached prompt (another batch shape than its cold
-    # prefill): where rows are not exact here, a draw may flip at a near-tie.
-    if exactness(flash_attn=False).exact:
-        assert [c.message.content for c in again.choices] == [c.message.content for c in r.choices]
-        assert single.choices[0].message.content == r.choices[1].message.content
+    # Reruns reuse the cached prompt, computed in another batch shape than
+    # its cold prefill, which the default does not hold exact: a draw may
+    # flip at a near-tie, so only the shapes are compared
+    # (test_determinism.py holds the texts under --deterministic).
     assert again.usage.completion_tokens == single.usage.completion_tokens * 3 == 3 * 8
 
 
-def test_n_choices_stream_each_index_to_its_end(shared, exactness):
+def test_n_choices_stream_each_index_to_its_end(shared):
     body = {"messages": LONG, "max_tokens": 6, "temperature": 0.9, "seed": 3, "n": 2,
             "stream": True, "stream_options": {"include_usage": True}}
     texts, finishes, usages, done = {0: "", 1: ""}, {}, [], 0
@@ -154,8 +152,7 @@ def test_n_choices_stream_each_index_to_its_end(shared, exactness):
     whole = httpx.post(shared.url + "/v1/chat/completions",
                        json={**body, "stream": False}, timeout=60).json()
     assert [c["index"] for c in whole["choices"]] == [0, 1] and all(texts.values())
-    if exactness(flash_attn=False).exact:      # else a draw may flip at a near-tie
-        assert [c["message"]["content"] for c in whole["choices"]] == [texts[0], texts[1]]
+    # The texts may differ at a near-tie (a cache hit under the defaults).
     assert len(usages) == 1 and usages[0] == whole["usage"]
 
 
@@ -167,4 +164,4 @@ def test_n_completions_endpoint(client, exactness):
     # machine's rows are not exact: the second copies the first one's KV).
     a, b = (c.logprobs for c in r.choices)
     top = [sorted(t.items(), key=lambda kv: -kv[1]) for t in a.top_logprobs]
-    assert_greedy_agree(exactness(flash_attn=False), a.tokens, b.tokens, top)
+    assert_greedy_agree(exactness(serve_default=True), a.tokens, b.tokens, top)

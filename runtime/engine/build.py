@@ -13,7 +13,6 @@ from llmctl.runtime.config import EngineShape, LoadOptions
 from llmctl.runtime.engine.loop import Engine
 from llmctl.runtime.llama import ContextConfig, LlamaContext, LlamaModel, Splicer
 from llmctl.runtime.prefix_cache.cache import KvLayout, PrefixCache, Weights, open_prefix_cache
-from llmctl.runtime.prefix_cache.rule import tile_for
 from llmctl.runtime.speculation.draft import Drafter
 from llmctl.runtime.speculation.ngram import NgramProposer
 from llmctl.runtime.speculation.proposer import Proposer
@@ -39,10 +38,11 @@ def prefix_cache_for(opts: LoadOptions, ctx: LlamaContext, weights: Weights,
         splicer = Splicer(ctx.model, context_config(opts, shape), opts.move_cached_runs)
     flash_attn = opts.use_flash_attn
     kv = KvLayout(n_ctx_seq=ctx.n_ctx_seq, n_seq_max=opts.max_num_seqs,
-                  kv_type=opts.kv_type, flash_attn=flash_attn, repack=opts.repack)
+                  kv_type=opts.kv_type, flash_attn=flash_attn, repack=opts.repack,
+                  tile=opts.prompt_tile)
     return open_prefix_cache(weights, kv, root=root,
                              budget_bytes=int(opts.prefix_cache_size_gb * 1e9),
-                             tile=tile_for(flash_attn), splicer=splicer)
+                             tile=opts.prompt_tile, splicer=splicer)
 
 
 def proposer_for(opts: LoadOptions, ctx: LlamaContext, shape: EngineShape,

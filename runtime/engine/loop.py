@@ -35,7 +35,6 @@ from llmctl.runtime.engine.speculate import Speculation
 from llmctl.runtime.engine.stats import Stats
 from llmctl.runtime.llama import LlamaContext, LlamaModel, Sampler, backend_eligible, validate_sampling
 from llmctl.runtime.llama.grammar_budget import GrammarBudget
-from llmctl.runtime.prefix_cache.rule import tile_for
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.speculation.proposer import Proposer, check_guesses
 
@@ -90,11 +89,11 @@ class Engine:
         self.ctx = ctx
         self.n_ctx_seq = ctx.n_ctx_seq
         self.max_num_seqs = opts.max_num_seqs
-        # With flash attention, prompts are cut by its tile so that prefix
-        # hits stay bit-exact (prefix_cache/rule.py); without, any cut is.
+        # Deterministic flash attention cuts prompts by its tile so that
+        # prefix hits stay bit-exact (prefix_cache/rule.py); else any cut.
         self.scheduler = Scheduler(SchedulerConfig(
             opts.max_num_seqs, opts.step_tokens, opts.max_queue,
-            prefix_sharing=prefix_cache is not None, tile=tile_for(self.flash_attn),
+            prefix_sharing=prefix_cache is not None, tile=opts.prompt_tile,
             # Runs move only where the prefix cache has a splicer for them.
             min_run=prefix_cache.splicer.min_run if prefix_cache and prefix_cache.splicer else 0,
             spec=opts.spec_config, n_ctx_seq=self.n_ctx_seq))

@@ -74,6 +74,7 @@ class KvLayout:
     kv_type: str
     flash_attn: bool
     repack: bool = True     # weights repacked: their kernels give other KV bytes
+    tile: int = 1           # the cuts a state's prompt was computed in (rule.py)
 
 
 def disk_identity(weights: Weights, kv: KvLayout) -> dict[str, object]:
@@ -86,8 +87,9 @@ def disk_identity(weights: Weights, kv: KvLayout) -> dict[str, object]:
         "n_ctx_seq": kv.n_ctx_seq, "n_seq_max": kv.n_seq_max,
         "kv_type": kv.kv_type, "flash_attn": kv.flash_attn, "repack": kv.repack,
         "rope": "model",
-        # 2: prompts cut by the flash-attention tile rule (rule.py), so
-        # states saved under the old cuts are never restored.
+        # A state computed under any cut must not serve a setting held to
+        # the tile's cuts (--deterministic), whose hits must stay exact.
+        "tile": kv.tile,
         "llama_cpp": LLAMA_CPP_VERSION, "format": 2,
     }
 

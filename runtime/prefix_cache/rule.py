@@ -11,8 +11,9 @@ ever computed in chunks of at least a tile's rows: a reused prefix leaves a
 tile to compute, a chunk cut for the budget leaves a tile for later, and
 only prompt tokens are reused (a generated token was computed in a one-row
 chunk). A shorter prompt goes row by row however it is cut, so it is cut
-freely but reuses nothing. With a tile of 1 (flash attention off) any cut
-is exact."""
+freely but reuses nothing. With a tile of 1 any cut is taken: exact with
+flash attention off (whose kernels are inexact anyway, docs/exactness.md),
+and the fast choice where the setting is not held to exactness."""
 
 from __future__ import annotations
 
@@ -20,10 +21,13 @@ from __future__ import annotations
 TILE = 64
 
 
-def tile_for(flash_attn: bool) -> int:
-    """The tile the engine cuts prompts by: `TILE` with flash attention,
-    else 1 (any cut is exact)."""
-    return TILE if flash_attn else 1
+def tile_for(flash_attn: bool, exact: bool) -> int:
+    """The tile the engine cuts prompts by: `TILE` where flash attention is
+    held to exactness (`exact`, --deterministic), else 1 (any cut). A
+    hit's recomputed tile cost an agent's repeated turn about 0.9 s on a
+    9.5k-token prompt (docs/measurements.md, "Batch invariance"), which a
+    setting that is inexact elsewhere would pay for nothing."""
+    return TILE if flash_attn and exact else 1
 
 
 def exact_reuse(n: int, n_prompt: int, tile: int) -> int:
