@@ -36,7 +36,7 @@ COMMANDS = {
     "bench": ("bench", "Measure throughput and latency the way the LLM Almanac does."),
     "eval": ("evaluate", "Measure model quality."),
     "cache": ("cache", "Show or clear the on-disk prompt-prefix KV cache."),
-    "config": ("settings", "Show the settings in effect and where each comes from."),
+    "config": ("config_cmd", "Show the settings in effect and where each comes from."),
 }
 
 
@@ -119,7 +119,7 @@ def root(
     # Imported here, where a command is about to run: common imports rich,
     # which `--version` and `--help` (eager, they exit before this) skip.
     from llmctl.cli.common import State, fail
-    from llmctl.cli.settings import apply_config
+    from llmctl.cli.config_cmd import apply_config
     from llmctl.config_file import ConfigError
 
     State.debug = debug

@@ -8,14 +8,14 @@ import typer
 from rich.table import Table
 from typing_extensions import Annotated
 
-from llmctl import config
+from llmctl import settings
 from llmctl.cli import options as o
 from llmctl.cli.common import handle_errors, human_bytes, out, print_json
 from llmctl.runtime.prefix_cache import disk as kv_disk
 
 
 def _root():
-    return config.cache_dir() / "prefix"
+    return settings.cache_dir() / "prefix"
 
 
 @handle_errors

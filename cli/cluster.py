@@ -131,7 +131,7 @@ def serve(
 
     Example: llmctl cluster serve smollm2 --replicas 2 --threads 4
     """
-    from llmctl.runtime.config import LoadOptions
+    from llmctl.runtime.load_options import LoadOptions
     from llmctl.store.resolve import resolve_model
 
     try:
@@ -160,7 +160,7 @@ def _run(spec: ReplicaSpec, settings: ClusterSettings, address: str | None) -> N
     if not address:
         # The local cluster's HTTP proxy binds here: say so now, not after Ray
         # has started and its proxy failed (the check `llmctl serve` makes).
-        from llmctl.server.serve import check_port
+        from llmctl.server.startup import check_port
 
         check_port(spec.host, spec.port)
     try:

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from llmctl import config
+from llmctl import settings
 from llmctl.errors import LlmctlError
 
 # Rich honours NO_COLOR and non-TTY output by itself; stdout carries answers
@@ -34,7 +34,7 @@ def _register_install_bar() -> None:
 
 
 class State:
-    debug: bool = bool(config.env("DEBUG"))
+    debug: bool = bool(settings.env("DEBUG"))
 
 
 def fail(message: str, code: int) -> None:

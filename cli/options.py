@@ -24,7 +24,7 @@ from typing_extensions import Annotated
 from llmctl.cli.complete import model_names
 from llmctl.kv_types import KV_TYPES
 from llmctl.presets import Preset
-from llmctl.runtime.speculation.config import AUTO_DRAFT_MAX, DRAFT_MAX, DRAFT_MIN, P_MIN
+from llmctl.runtime.speculation.spec_config import AUTO_DRAFT_MAX, DRAFT_MAX, DRAFT_MIN, P_MIN
 
 if TYPE_CHECKING:
     from llmctl.runtime.llm import LoadOptions

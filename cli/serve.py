@@ -15,7 +15,7 @@ from llmctl.cli.common import err, handle_errors
 from llmctl.errors import UsageError
 
 if TYPE_CHECKING:
-    from llmctl.server.serve import PoolSettings
+    from llmctl.server.startup import PoolSettings
 
 
 class FlashAttn(str, Enum):
@@ -133,7 +133,7 @@ class Pool:
         """The server's PoolSettings. Raises UsageError for a bad duration
         or size. Imports the server stack."""
         from llmctl.server.keep_alive import parse_keep_alive
-        from llmctl.server.serve import PoolSettings
+        from llmctl.server.startup import PoolSettings
 
         try:
             keep = parse_keep_alive(self.keep_alive)
@@ -177,7 +177,7 @@ def serve(
     """
     # Imported here so that `llmctl --help` does not load the server stack;
     # the options are checked before the server stack is imported.
-    from llmctl.runtime.config import LoadOptions
+    from llmctl.runtime.load_options import LoadOptions
 
     load = LoadOptions(ctx_size=ctx_size, threads=threads, n_gpu_layers=n_gpu_layers,
                        prefix_cache=not no_prefix_cache, prefix_cache_size_gb=prefix_cache_size,
@@ -185,7 +185,7 @@ def serve(
                        flash_attn=FLASH_ATTN[flash_attn], **batching.load_fields(),
                        **decoding.load_fields())
     from llmctl.server.middleware import http_policy
-    from llmctl.server.serve import serve as serve_model
+    from llmctl.server.startup import serve as serve_model
 
     settings = pool.settings()
     policy = dataclasses.replace(http_policy(api_key, allowed_origins, max_body_mb, metrics_public),

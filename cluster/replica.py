@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-from llmctl.runtime.config import LoadOptions
+from llmctl.runtime.load_options import LoadOptions
 from llmctl.server.state import HttpPolicy
 from llmctl.store.resolve import ResolvedModel
 

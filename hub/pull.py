@@ -20,7 +20,7 @@ from llmctl.files import require_space, safe_relpath
 from llmctl.hub import remote
 from llmctl.hub.choose import RemoteFile, Selection, select_files
 from llmctl.hub.events import PullEvents, Silent
-from llmctl.hub.parts import Parts
+from llmctl.hub.part_ledger import Parts
 from llmctl.hub.ranged import RangeDownload
 from llmctl.hub.reference import Reference, parse_reference
 from llmctl.hub.verify import verify

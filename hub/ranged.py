@@ -17,9 +17,9 @@ import time
 from typing import Callable
 from urllib.parse import urlsplit
 
-from llmctl import config
+from llmctl import settings
 from llmctl.errors import HubError
-from llmctl.hub.parts import Parts
+from llmctl.hub.part_ledger import Parts
 
 BUF = 256 * 1024     # small reads: Ctrl-C stops a throttled stream promptly
 
@@ -50,9 +50,9 @@ class RangeDownload:
         self.url, self.headers, self.parts = url, headers, parts
         self.connections = max(1, connections)
         self.on_bytes = on_bytes
-        self.retries = int(config.env("PULL_RETRIES", "5"))
-        self.backoff = float(config.env("PULL_BACKOFF", "0.5"))
-        self.timeout = float(config.env("PULL_TIMEOUT", "30"))
+        self.retries = int(settings.env("PULL_RETRIES", "5"))
+        self.backoff = float(settings.env("PULL_BACKOFF", "0.5"))
+        self.timeout = float(settings.env("PULL_TIMEOUT", "30"))
         self.stop = threading.Event()
         self.error: BaseException | None = None
         u = urlsplit(url)

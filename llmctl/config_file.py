@@ -9,7 +9,7 @@ long names, read with tomllib.
     json = true                 # a subcommand: its group's table, then its own
 
 A flag wins over an `LLMCTL_*` variable, which wins over this file, which
-wins over the built-in default (cli/settings.py hands the file to click as
+wins over the built-in default (cli/config_cmd.py hands the file to click as
 its default map, whose order that is). Every mistake is one line naming the
 file, the line and the key."""
 

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from llmctl import config
+from llmctl import settings
 from llmctl.errors import UsageError
 from llmctl.files import clean_stale_tmp, require_space, staged, tmp_path
 from llmctl.quantize.llama_quant import llama_quantize
@@ -43,7 +43,7 @@ class QuantizeResult:
 
 
 def default_output(source: SourceModel, qtype: QuantType) -> Path:
-    return config.models_dir() / "quantized" / f"{source.name}-{qtype.name}.gguf"
+    return settings.models_dir() / "quantized" / f"{source.name}-{qtype.name}.gguf"
 
 
 def _check_output(path: Path, force: bool) -> None:
@@ -89,7 +89,7 @@ def quantize_model(model: str, *, bits: int | None = None, type: str | None = No
     text = _check_text(check_file) if check else None
     started = time.perf_counter()
     warnings: list[str] = []
-    owned = _is_under(out, config.models_dir())
+    owned = _is_under(out, settings.models_dir())
     extra = {"source_path": str(source.path.resolve())}
     intermediate = None
     if source.kind == "hf":

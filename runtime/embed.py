@@ -20,7 +20,7 @@ import weakref
 
 import numpy as np
 
-from llmctl import config
+from llmctl import settings
 from llmctl.errors import ContextOverflow, InvalidParams, LlmctlError
 from llmctl.runtime.llama import EmbeddingContext, LlamaModel
 from llmctl.runtime.llm import LLM, MAX_CHARS_PER_TOKEN
@@ -69,7 +69,7 @@ def pooling_for(model: LlamaModel) -> str:
 def max_request_tokens() -> int:
     """Tokens one request may embed: LLMCTL_EMBED_MAX_TOKENS, else 65,536.
     Raises UsageError for a value that is not a positive integer."""
-    return int(config.positive("EMBED_MAX_TOKENS", DEFAULT_MAX_REQUEST_TOKENS, integer=True))
+    return int(settings.positive("EMBED_MAX_TOKENS", DEFAULT_MAX_REQUEST_TOKENS, integer=True))
 
 
 class Cancelled(LlmctlError):

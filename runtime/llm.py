@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from llmctl import config
+from llmctl import settings
 from llmctl.errors import ContextOverflow, InvalidParams, UsageError
 from llmctl.runtime import planner
-from llmctl.runtime.config import EngineShape, LoadOptions
 from llmctl.runtime.engine.bridge import EventBridge
 from llmctl.runtime.engine.build import start_engine
 from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent, Usage
@@ -25,6 +24,7 @@ from llmctl.runtime.formats.template import ChatTemplate, normalize_messages
 from llmctl.runtime.formats.template_source import choose_template
 from llmctl.runtime.formats.tool_calls import ToolFormat
 from llmctl.runtime.llama import LlamaModel, render_builtin, supports_gpu_offload
+from llmctl.runtime.load_options import EngineShape, LoadOptions
 from llmctl.runtime.prefix_cache.cache import PrefixCache, Weights
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.speculation.draft import check_compatible
@@ -134,7 +134,7 @@ class LLM:
                 self.model, opts,
                 EngineShape(n_ctx_seq=n_ctx, n_threads=opts.threads or default_threads()),
                 weights=Weights(resolved.name, Path(resolved.path), entry.sha256 if entry else None),
-                cache_root=config.cache_dir() / "prefix", draft_model=self.draft_model)
+                cache_root=settings.cache_dir() / "prefix", draft_model=self.draft_model)
         except BaseException:
             if self.draft_model is not None:
                 self.draft_model.close()

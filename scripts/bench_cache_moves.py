@@ -23,8 +23,8 @@ import json
 import sys
 import time
 
-from llmctl.runtime.config import LoadOptions
 from llmctl.runtime.llm import LLM
+from llmctl.runtime.load_options import LoadOptions
 from llmctl.runtime.sampling import SamplingParams
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])

@@ -100,7 +100,7 @@ async def run_workload(url: str, bodies: list[dict]) -> dict:
 def arm(args, name: str, replicas: int, threads: int, router: str, port: int) -> dict:
     from llmctl.cluster.deploy import ClusterSettings, deploy, undeploy
     from llmctl.cluster.replica import ReplicaSpec
-    from llmctl.runtime.config import LoadOptions
+    from llmctl.runtime.load_options import LoadOptions
     from llmctl.store.resolve import resolve_model
 
     resolved = resolve_model(args.model)

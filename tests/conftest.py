@@ -35,7 +35,7 @@ def _isolated_store(session_home, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "1"))
     # The tests keep the tiny SmolLM2 by naming it; tests of the default unset this.
     monkeypatch.setenv("LLMCTL_MODEL", "smollm2")
-    # Nor a developer's own config file (docs/config.md): an empty one.
+    # Nor a developer's own config file (docs/config-file.md): an empty one.
     monkeypatch.setenv("LLMCTL_CONFIG", os.devnull)
 
 

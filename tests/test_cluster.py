@@ -46,7 +46,7 @@ def _poll(fn, what: str):
 def test_single_machine_commands_never_import_ray():
     probe = ("import sys, json\n"
              "import llmctl.cli.app, llmctl.cli.serve, llmctl.cli.run, llmctl.cli.chat\n"
-             "import llmctl.cli.cluster, llmctl.server.serve, llmctl.runtime.llm\n"
+             "import llmctl.cli.cluster, llmctl.server.startup, llmctl.runtime.llm\n"
              "import llmctl.cluster.affinity\n"
              "before = 'ray' in sys.modules\n"
              "import llmctl.cluster.router\n"
@@ -102,7 +102,7 @@ def testreplica_options_follow_the_settings():
     from llmctl.cluster.replica import ReplicaSpec
     from llmctl.cluster.router import AffinityRouter
     from llmctl.errors import UsageError
-    from llmctl.runtime.config import LoadOptions
+    from llmctl.runtime.load_options import LoadOptions
     from llmctl.store.resolve import ResolvedModel
 
     spec = ReplicaSpec(ResolvedModel("smollm2", smollm2_file()), LoadOptions(threads=3, max_num_seqs=6))
@@ -136,7 +136,7 @@ def cluster(session_home, tmp_path_factory):
     os.environ["LLMCTL_HOME"] = str(session_home)
     from llmctl.cluster.deploy import ClusterSettings, start, stop
     from llmctl.cluster.replica import ReplicaSpec
-    from llmctl.runtime.config import LoadOptions
+    from llmctl.runtime.load_options import LoadOptions
     from llmctl.server.state import HttpPolicy
     from llmctl.store.resolve import ResolvedModel
 

@@ -20,8 +20,8 @@ from llmctl.runtime.llama import ContextConfig, LlamaModel, capture_log, file_ty
 from llmctl.runtime.llama.exactness import measure_rows
 from llmctl.runtime.llm import LLM, LoadOptions, check_draft
 from llmctl.runtime.sampling import SamplingParams
-from llmctl.runtime.speculation.config import SpecConfig
 from llmctl.runtime.speculation.draft import Drafter, check_compatible
+from llmctl.runtime.speculation.spec_config import SpecConfig
 from llmctl.store.resolve import ResolvedModel, resolve_model
 from tests.conftest import smollm2_file
 from tests.test_speculate import PARAMS, answers, decoding, same_as_plain

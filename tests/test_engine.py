@@ -148,7 +148,7 @@ def test_queue_full(llm):
     (False, True, False),
 ])
 def test_flash_attention_choice(setting, cache, expected):
-    from llmctl.runtime.config import LoadOptions
+    from llmctl.runtime.load_options import LoadOptions
 
     assert LoadOptions(flash_attn=setting, prefix_cache=cache).use_flash_attn is expected
 
@@ -156,7 +156,7 @@ def test_flash_attention_choice(setting, cache, expected):
 def test_the_tile_rule_is_one_decision_and_keys_the_disk_cache(tmp_path):
     """Cuts by the tile only under --deterministic; a state computed under
     any cut never serves a setting held to the tile's cuts."""
-    from llmctl.runtime.config import LoadOptions
+    from llmctl.runtime.load_options import LoadOptions
     from llmctl.runtime.prefix_cache.cache import KvLayout, Weights, disk_identity
 
     assert LoadOptions(deterministic=True).prompt_tile == 64
@@ -168,7 +168,7 @@ def test_the_tile_rule_is_one_decision_and_keys_the_disk_cache(tmp_path):
 
 def test_deterministic_keeps_the_files_layout_and_needs_flash_attention():
     from llmctl.errors import UsageError
-    from llmctl.runtime.config import LoadOptions
+    from llmctl.runtime.load_options import LoadOptions
 
     assert LoadOptions().repack and not LoadOptions(deterministic=True).repack
     assert LoadOptions(deterministic=True).use_flash_attn

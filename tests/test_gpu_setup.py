@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llmctl.runtime.config import CPU_STEP_TOKENS, GPU_STEP_TOKENS, LoadOptions
+from llmctl.runtime.load_options import CPU_STEP_TOKENS, GPU_STEP_TOKENS, LoadOptions
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from conftest import smollm2_file
 from llmctl.cli.app import app
 from llmctl.errors import LlmctlError, UsageError
-from llmctl.runtime.config import LoadOptions
 from llmctl.runtime.llama import ContextConfig, LlamaContext, LlamaModel
+from llmctl.runtime.load_options import LoadOptions
 from llmctl.runtime.planner import ModelShape
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.store.gguf_info import read_gguf_info

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO, smollm2_file
 from llmctl.errors import ModelNotFound
-from llmctl.runtime.config import LoadOptions
+from llmctl.runtime.load_options import LoadOptions
 from llmctl.runtime.pool.model_pool import ModelPool
 from llmctl.store.resolve import UNKNOWN_MODEL, resolve_model
 

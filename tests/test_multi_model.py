@@ -17,7 +17,7 @@ import pytest
 
 from llmctl.bench.launcher import Server
 from llmctl.cli.serve import MOVE_CACHED_RUNS
-from llmctl.runtime.config import LoadOptions
+from llmctl.runtime.load_options import LoadOptions
 from llmctl.runtime.pool.model_pool import estimate_bytes
 from llmctl.store.resolve import resolve_model
 

@@ -52,7 +52,7 @@ def test_a_killed_joins_temp_is_removed_by_the_next_resolve(empty_home):
 def test_temps_beside_a_joined_model_go_at_the_next_assembly(empty_home):
     # A temp planted beside an already-joined model (a join killed by an
     # older llmctl) goes too; another file's temp in the folder stays.
-    from llmctl.store.parts import remove_join_temps
+    from llmctl.store.pypi_parts import remove_join_temps
 
     spec = load_registry().get("gemma3-270m")
     r = resolve_model("gemma3-270m")

@@ -22,7 +22,7 @@ import pytest
 from llmctl.errors import IntegrityError, ModelNotFound, UsageError
 from llmctl.store import StoreIndex, resolve_model
 from llmctl.store.gguf_info import read_gguf_info
-from llmctl.store.parts import locate_parts
+from llmctl.store.pypi_parts import locate_parts
 from llmctl.store.registry import load_registry
 
 PARTS = 12      # past 9, so part10 sorting before part2 would show

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from llmctl.errors import ModelNotFound, ModelsBusy, ModelTooLarge
-from llmctl.runtime.config import LoadOptions
+from llmctl.runtime.load_options import LoadOptions
 from llmctl.runtime.pool.model_pool import ModelPool, estimate_bytes
 from llmctl.runtime.pool.room import FOREVER
 from llmctl.server.keep_alive import parse_keep_alive

@@ -15,7 +15,7 @@ import pytest
 
 from llmctl.bench.launcher import Server
 from llmctl.errors import LlmctlError, ModelsBusy
-from llmctl.runtime.config import LoadOptions
+from llmctl.runtime.load_options import LoadOptions
 from llmctl.runtime.pool.model_pool import Loaded, ModelPool, estimate_bytes
 from llmctl.server.ollama.models import _expiry
 from llmctl.server.state import ServerState

@@ -28,7 +28,7 @@ from llmctl.runtime.speculation.adaptive import (
     bucket,
     expected_kept,
 )
-from llmctl.runtime.speculation.config import SpecConfig
+from llmctl.runtime.speculation.spec_config import SpecConfig
 from llmctl.store.resolve import ResolvedModel
 from tests.conftest import smollm2_file
 

@@ -15,8 +15,8 @@ from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.engine.speculate import propose_into
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
-from llmctl.runtime.speculation.config import SpecConfig
 from llmctl.runtime.speculation.ngram import CANDIDATES, MATCH_MAX, NGRAM_MIN, NgramProposer, ngram_guess
+from llmctl.runtime.speculation.spec_config import SpecConfig
 from llmctl.store.resolve import ResolvedModel
 from tests.conftest import smollm2_file
 

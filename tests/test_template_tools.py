@@ -14,7 +14,7 @@ from llmctl.runtime.formats.template import ChatTemplate, normalize_messages
 from llmctl.runtime.formats.tool_calls import ToolFormat
 from llmctl.store.gguf_header import read_header
 from llmctl.store.gguf_info import read_gguf_info
-from llmctl.store.parts import locate_parts
+from llmctl.store.pypi_parts import locate_parts
 from llmctl.store.registry import load_registry
 
 QWEN_SYSTEM = ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. "

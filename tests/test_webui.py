@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from conftest import QWEN, ServerProcess, wait_until
 from llmctl.bench.launcher import Server
-from llmctl.runtime.config import LoadOptions
+from llmctl.runtime.load_options import LoadOptions
 from llmctl.runtime.pool.model_pool import ModelPool
 from llmctl.server.app import create_app
 from llmctl.server.state import HttpPolicy, ServerState

@@ -9,9 +9,9 @@ from __future__ import annotations
 from contextlib import ExitStack
 from pathlib import Path
 
-from llmctl.runtime.config import EngineShape, LoadOptions
 from llmctl.runtime.engine.loop import Engine
 from llmctl.runtime.llama import ContextConfig, LlamaContext, LlamaModel, Splicer
+from llmctl.runtime.load_options import EngineShape, LoadOptions
 from llmctl.runtime.prefix_cache.cache import KvLayout, PrefixCache, Weights, open_prefix_cache
 from llmctl.runtime.speculation.draft import Drafter
 from llmctl.runtime.speculation.ngram import NgramProposer

@@ -23,9 +23,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, ParamSpec
 
-from llmctl import config
+from llmctl import settings
 from llmctl.errors import ContextOverflow, DecodeError, EngineFailed, InvalidParams, LlmctlError
-from llmctl.runtime.config import LoadOptions
 from llmctl.runtime.engine.detok import StopMatcher, Utf8Stream
 from llmctl.runtime.engine.events import ErrorEvent, Event, FinishEvent, TokenEvent, Usage
 from llmctl.runtime.engine.logprobs import TokenLogprob, token_logprob
@@ -35,6 +34,7 @@ from llmctl.runtime.engine.speculate import Speculation
 from llmctl.runtime.engine.stats import Stats
 from llmctl.runtime.llama import LlamaContext, LlamaModel, Sampler, backend_eligible, validate_sampling
 from llmctl.runtime.llama.grammar_budget import GrammarBudget
+from llmctl.runtime.load_options import LoadOptions
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.speculation.proposer import Proposer, check_guesses
 
@@ -61,7 +61,7 @@ class _Stream:
 def stall_limit_s() -> float:
     """LLMCTL_ENGINE_STALL_S, else 60. Raises UsageError for a value that is
     not a positive number."""
-    return config.positive("ENGINE_STALL_S", 60.0, unit="seconds")
+    return settings.positive("ENGINE_STALL_S", 60.0, unit="seconds")
 
 
 class Engine:

@@ -29,7 +29,7 @@ from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.engine.slots import SlotTable
 from llmctl.runtime.engine.stats import Stats, StatsCollector
 from llmctl.runtime.prefix_cache.rule import TILE
-from llmctl.runtime.speculation.config import SpecConfig
+from llmctl.runtime.speculation.spec_config import SpecConfig
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from llmctl import config
+from llmctl import settings
 from llmctl.errors import InvalidParams
 
 # Accept costs under this are noise, not a growth to extrapolate from.
@@ -48,7 +48,7 @@ class GrammarBudget:
 
 
 def _ms(name: str, default: float) -> float:
-    return config.positive(name, default, unit="milliseconds")
+    return settings.positive(name, default, unit="milliseconds")
 
 
 def _too_ambiguous(detail: str) -> InvalidParams:

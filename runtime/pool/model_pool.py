@@ -17,8 +17,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from llmctl.errors import LlmctlError, ModelsBusy
-from llmctl.runtime.config import LoadOptions
 from llmctl.runtime.engine.stats import Stats, combine
+from llmctl.runtime.load_options import LoadOptions
 from llmctl.runtime.pool.room import (
     FOREVER,
     WAITERS_MAX,

@@ -17,12 +17,12 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from llmctl import config
+from llmctl import settings
 from llmctl.errors import LlmctlError, ModelsBusy, ModelTooLarge
 
 if TYPE_CHECKING:
-    from llmctl.runtime.config import LoadOptions
     from llmctl.runtime.llm import LLM
+    from llmctl.runtime.load_options import LoadOptions
     from llmctl.runtime.pool.model_pool import ModelPool
     from llmctl.store.resolve import ResolvedModel
 
@@ -40,7 +40,7 @@ def waiters_max(default: int = WAITERS_MAX) -> int:
     """LLMCTL_MODEL_WAITERS_MAX, else `default` (a server passes its queue
     bound: a request it admitted never gets turned away here for waiting).
     Raises UsageError for a value that is not a positive integer."""
-    return int(config.positive("MODEL_WAITERS_MAX", default, integer=True))
+    return int(settings.positive("MODEL_WAITERS_MAX", default, integer=True))
 
 
 # llama.cpp's compute buffers and the engine's own arrays, beyond weights and KV.

@@ -23,8 +23,8 @@ import numpy as np
 from llmctl.errors import DecodeError, UsageError
 from llmctl.runtime.llama import ContextConfig, LlamaContext, LlamaModel
 from llmctl.runtime.prefix_cache.rule import usable_prefix
-from llmctl.runtime.speculation.config import DRAFT_MIN, P_MIN
 from llmctl.runtime.speculation.proposer import NO_GUESS, Guess, Want
+from llmctl.runtime.speculation.spec_config import DRAFT_MIN, P_MIN
 
 log = logging.getLogger("llmctl.draft")
 

@@ -29,7 +29,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmctl import config
+from llmctl import settings
 from llmctl.errors import InvalidParams
 from llmctl.files import atomic_write
 from llmctl.server.workers import DaemonExecutor
@@ -214,12 +214,12 @@ _stores_lock = threading.Lock()
 
 
 def store_for_home() -> ResponseStore:
-    """The store of this process's llmctl home (config.home()/responses).
+    """The store of this process's llmctl home (settings.home()/responses).
     Raises UsageError for a bad LLMCTL_RESPONSES_MAX or _MAX_MB."""
-    folder = config.home() / "responses"
+    folder = settings.home() / "responses"
     with _stores_lock:
         if folder not in _stores:
-            count = int(config.positive("RESPONSES_MAX", 1000, integer=True))
-            mb = config.positive("RESPONSES_MAX_MB", 256.0, unit="MiB")
+            count = int(settings.positive("RESPONSES_MAX", 1000, integer=True))
+            mb = settings.positive("RESPONSES_MAX_MB", 256.0, unit="MiB")
             _stores[folder] = ResponseStore(folder, count, int(mb * (1 << 20)))
         return _stores[folder]

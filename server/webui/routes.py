@@ -25,7 +25,7 @@ from llmctl.server.state import ServerState, state_of
 from llmctl.server.webui import PAGE_PATH, STATIC_PREFIX
 from llmctl.server.workers import run_on
 from llmctl.store.index import StoreIndex
-from llmctl.store.parts import part_path
+from llmctl.store.pypi_parts import part_path
 from llmctl.store.registry import RegistryModel, load_registry
 
 STATIC = Path(__file__).resolve().parent / "static"

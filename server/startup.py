@@ -1,4 +1,5 @@
-"""`llmctl serve`: serve models until interrupted, loading them on demand."""
+"""`llmctl serve`'s start-up: check the settings, the port and the model, build
+the pool and the app, then serve until interrupted, loading models on demand."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from llmctl.errors import UsageError
-from llmctl.runtime.config import LoadOptions
 from llmctl.runtime.llm import check_draft
+from llmctl.runtime.load_options import LoadOptions
 from llmctl.runtime.pool.model_pool import ModelPool
 from llmctl.runtime.pool.room import FOREVER
 from llmctl.server.admission import Admission

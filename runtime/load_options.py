@@ -9,7 +9,7 @@ from llmctl.errors import UsageError
 from llmctl.kv_types import KV_TYPES
 from llmctl.runtime import planner
 from llmctl.runtime.prefix_cache.rule import tile_for
-from llmctl.runtime.speculation.config import DRAFT_MIN, P_MIN, SpecConfig, default_draft_max
+from llmctl.runtime.speculation.spec_config import DRAFT_MIN, P_MIN, SpecConfig, default_draft_max
 
 CPU_STEP_TOKENS = 512
 GPU_STEP_TOKENS = 2048

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from llmctl import config
+from llmctl import settings
 from llmctl.errors import IntegrityError, ModelNotFound
 from llmctl.files import CHUNK, clean_stale_tmp, contained, file_lock, require_space, staged
 from llmctl.store.index import ModelEntry, StoreIndex
@@ -124,7 +124,7 @@ def assemble_into_store(spec: RegistryModel, index: StoreIndex,
     """Join `spec`'s parts into the store and index the result as a file the
     store owns. Another process doing the same waits, then reuses its work.
     Raises what join_parts raises."""
-    target = config.models_dir() / spec.name / (spec.file or f"{spec.name}.gguf")
+    target = settings.models_dir() / spec.name / (spec.file or f"{spec.name}.gguf")
     with file_lock(target.with_name(f".{target.name}.lock")):
         entry = index.get(spec.name)
         if entry is not None and Path(entry.path).is_file():
