@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -23,10 +22,12 @@ from llmctl.bench.launcher import free_port
 
 # The stand-in: which agent it plays comes from its file name.
 STANDIN = '''#!{python}
-import json, os, sys, time, urllib.request, urllib.error
+import json, os, signal, sys, time, urllib.request, urllib.error
 
 role = os.path.basename(sys.argv[0])
 env = dict(os.environ)
+# A Ctrl-C is the agent's to handle: this one notes it and carries on.
+signal.signal(signal.SIGINT, lambda *_: open(env["STANDIN_RECORD"] + ".sigint", "w").close())
 if role == "claude":
     url = env["ANTHROPIC_BASE_URL"] + "/v1/messages"
     headers = {{"Authorization": "Bearer " + env["ANTHROPIC_AUTH_TOKEN"],
@@ -168,16 +169,18 @@ def test_any_openai_tool_at_url(bin_dir, tmp_path, running):
 def test_sigint_is_the_agents_and_sigterm_reaches_it_and_the_server_still_stops(bin_dir,
                                                                               tmp_path):
     record = tmp_path / "claude.json"
+    # Its own session: launch and the agent are a terminal's foreground group.
     proc = launch("claude", "smollm2", bin_dir=bin_dir, record=record,
-                  extra_env={"STANDIN_SLEEP": "120"})
+                  extra_env={"STANDIN_SLEEP": "120"}, start_new_session=True)
     wait_until(record.exists, "the stand-in's request", timeout=300)
     url = json.loads(record.read_text())["env"]["ANTHROPIC_BASE_URL"]
-    time.sleep(0.2)
-    # A Ctrl-C at a terminal goes to the agent, which decides; launch keeps
-    # waiting and the server keeps serving.
-    proc.send_signal(signal.SIGINT)
-    time.sleep(0.5)
-    assert proc.poll() is None and not refuses(url)
+    # A Ctrl-C at a terminal reaches the whole group: the agent decides,
+    # launch keeps waiting and the server (in a session of its own) keeps
+    # serving. The agent noting the signal shows it was delivered; the
+    # server then answering a request gives launch time to act, had it.
+    os.killpg(proc.pid, signal.SIGINT)
+    wait_until(Path(f"{record}.sigint").exists, "the agent to note the Ctrl-C", timeout=60)
+    assert not refuses(url) and proc.poll() is None
     proc.send_signal(signal.SIGTERM)
     code, _, err = finish(proc)
     assert code == 128 + signal.SIGTERM, err

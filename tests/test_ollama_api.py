@@ -1,7 +1,6 @@
 """Ollama's API (/api/*) against a real `llmctl serve smollm2`, through the
 official `ollama` Python client and raw HTTP for the wire format."""
 
-import importlib.util
 import json
 from datetime import datetime
 
@@ -205,8 +204,6 @@ def test_ndjson_framing(http, exactness):
     assert whole["eval_count"] == last["eval_count"] and whole["done_reason"] == last["done_reason"]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llmctl.runtime.embed") is None,
-                    reason="llmctl.runtime.embed (the embedding engine) has not landed yet")
 def test_embed(client):
     r = client.embed(model="smollm2", input=["The cat sat on the mat.", "A kitten rests on a rug.",
                                               "Quarterly tax filing deadlines"])
