@@ -18,8 +18,8 @@ from typing import Callable, Mapping, Sequence
 import httpx
 
 from llmctl.errors import ServeFailed
+from llmctl.settings import Settings
 
-STARTUP_TIMEOUT_S = float(os.environ.get("LLMCTL_BENCH_STARTUP_TIMEOUT", "300"))
 STOP_GRACE_S = 20.0
 POLL_S = 0.2
 
@@ -72,12 +72,14 @@ class Server:
 
     def __init__(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                  ready: Callable[[str], bool] = http_ok("/health"), name: str | None = None,
-                 startup_timeout: float = STARTUP_TIMEOUT_S, own_session: bool = False):
+                 startup_timeout: float | None = None, own_session: bool = False):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.argv = [*argv, "--port", str(self.port)]
         self.name = name or Path(argv[0]).name
-        self.startup_timeout = startup_timeout
+        # None: the settings' bench_startup_timeout_s (the harness's start-up).
+        self.startup_timeout = (Settings.load().bench_startup_timeout_s if startup_timeout is None
+                                else startup_timeout)
         self._env = {**os.environ, **(env or {})}
         self._ready = ready
         self._own_session = own_session

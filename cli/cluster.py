@@ -132,6 +132,7 @@ def serve(
     Example: llmctl cluster serve smollm2 --replicas 2 --threads 4
     """
     from llmctl.runtime.load_options import LoadOptions
+    from llmctl.settings import Settings
     from llmctl.store.resolve import resolve_model
 
     try:
@@ -145,7 +146,7 @@ def serve(
     spec = ReplicaSpec(resolve_model(model),
                        LoadOptions(ctx_size=ctx_size, threads=threads, max_num_seqs=max_num_seqs,
                                    prefix_cache_size_gb=prefix_cache_size,
-                                   n_gpu_layers=n_gpu_layers),
+                                   n_gpu_layers=n_gpu_layers, settings=Settings.load()),
                        cache_dir=cache_dir, host=host, port=port, policy=policy,
                        gpus=gpus_per_replica)
     err.print(f"Starting {replicas} replica(s) of {spec.resolved.name} on Ray "

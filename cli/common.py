@@ -34,7 +34,7 @@ def _register_install_bar() -> None:
 
 
 class State:
-    debug: bool = bool(settings.env("DEBUG"))
+    debug: bool = settings.debug()
 
 
 def fail(message: str, code: int) -> None:

@@ -9,7 +9,6 @@ command that has the flag; the others ignore it."""
 
 from __future__ import annotations
 
-import os
 from enum import Enum
 from typing import Any, Iterator, Optional
 
@@ -17,6 +16,7 @@ import typer
 from rich.table import Table as RichTable
 from typing_extensions import Annotated
 
+from llmctl import settings
 from llmctl.cli import options as o
 from llmctl.cli.common import handle_errors, out, print_json
 from llmctl.config_file import ConfigError, ConfigFile, Setting, Table, load_config
@@ -104,7 +104,7 @@ def _check_tables(config: ConfigFile, group: Any) -> None:
     from llmctl.presets import PRESETS, load_presets
 
     load_presets(config)
-    for table, settings in config.tables.items():
+    for table, keys in config.tables.items():
         if table[:1] == (PRESETS,):
             continue
         cmd = group
@@ -113,7 +113,7 @@ def _check_tables(config: ConfigFile, group: Any) -> None:
             if depth == 0 and len(table) > 1 and hasattr(cmd, "module"):
                 cmd = group.load(cmd.module)[name]      # a group not imported yet
             if cmd is None:
-                raise config.error(table, next(iter(settings)),
+                raise config.error(table, next(iter(keys)),
                                    f"[{'.'.join(table[:depth + 1])}] names no command")
 
 
@@ -146,8 +146,9 @@ def _effective(config: ConfigFile, ctx: typer.Context, path: Table, cmd: Any) ->
         key = (param.opts[0].lstrip("-") if param.param_type_name == "option"
                else param.name.replace("_", "-"))
         env = param.envvar if isinstance(param.envvar, str) else None
-        if env and os.environ.get(env):
-            value, source = os.environ[env], f"env {env}"
+        from_env = settings.flag_variable(env) if env else None
+        if from_env is not None:
+            value, source = from_env, f"env {env}"
         elif param.name in mapped:
             value, setting = mapped[param.name]
             source = setting.where(config.path)

@@ -149,9 +149,10 @@ class Generation:
         Raises UsageError for impossible values. Imports the runtime (and
         llama.cpp), so call it only when a model is about to load."""
         from llmctl.runtime.llm import LoadOptions
+        from llmctl.settings import Settings
 
         return LoadOptions(ctx_size=self.ctx_size, threads=self.threads,
-                           n_gpu_layers=self.n_gpu_layers, **extra)
+                           n_gpu_layers=self.n_gpu_layers, settings=Settings.load(), **extra)
 
 
 _OWN = tuple(Generation.__dataclass_fields__)

@@ -13,6 +13,7 @@ from typing_extensions import Annotated
 from llmctl.cli import options as o
 from llmctl.cli.common import err, handle_errors
 from llmctl.errors import UsageError
+from llmctl.runtime.batching import SERVE_MAX_NUM_SEQS, SERVE_MAX_QUEUED
 
 if TYPE_CHECKING:
     from llmctl.server.startup import PoolSettings
@@ -106,9 +107,9 @@ class Batching:
     """How many sequences one engine runs, its step budget, and how many
     requests the server queues (admission.py)."""
 
-    max_num_seqs: MaxNumSeqs = 16
+    max_num_seqs: MaxNumSeqs = SERVE_MAX_NUM_SEQS
     max_num_batched_tokens: MaxNumBatchedTokens = None
-    max_queued: MaxQueued = 16384
+    max_queued: MaxQueued = SERVE_MAX_QUEUED
     max_queued_mb: MaxQueuedMb = None
 
     def load_fields(self) -> dict[str, int | None]:
@@ -178,16 +179,18 @@ def serve(
     # Imported here so that `llmctl --help` does not load the server stack;
     # the options are checked before the server stack is imported.
     from llmctl.runtime.load_options import LoadOptions
+    from llmctl.settings import Settings
 
+    # Every setting without a flag, checked before anything listens or loads.
     load = LoadOptions(ctx_size=ctx_size, threads=threads, n_gpu_layers=n_gpu_layers,
                        prefix_cache=not no_prefix_cache, prefix_cache_size_gb=prefix_cache_size,
                        move_cached_runs=move_cached_runs,
                        flash_attn=FLASH_ATTN[flash_attn], **batching.load_fields(),
-                       **decoding.load_fields())
+                       **decoding.load_fields(), settings=Settings.load())
     from llmctl.server.middleware import http_policy
     from llmctl.server.startup import serve as serve_model
 
-    settings = pool.settings()
+    pool_settings = pool.settings()
     policy = dataclasses.replace(http_policy(api_key, allowed_origins, max_body_mb, metrics_public),
                                  webui=not no_webui)
     def ready(url: str) -> None:
@@ -195,7 +198,7 @@ def serve(
         err.print(f"Serving on {url}/v1{page} (Ctrl-C to stop)")
 
     install_first(model)
-    serve_model(model, host, port, load, policy, settings=settings, on_ready=ready,
+    serve_model(model, host, port, load, policy, pool_settings=pool_settings, on_ready=ready,
                 queue=(batching.max_queued, batching.max_queued_mb))
 
 

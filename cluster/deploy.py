@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from llmctl import settings as settings_module
 from llmctl.cluster.ingress import Board, Ingress
 from llmctl.cluster.policy import proxy_env
 from llmctl.cluster.replica import Replica, ReplicaSpec
@@ -94,7 +95,7 @@ def connect(address: str | None = None, num_cpus: int = 1, object_store_mb: int 
     import ray
 
     # The replicas read llmctl's settings (LLMCTL_HOME, ...) as this process has them.
-    env = {k: v for k, v in os.environ.items() if k.startswith("LLMCTL_")}
+    env = settings_module.passed_on()
     init: dict = {"runtime_env": {"env_vars": env}, "include_dashboard": False,
                   "log_to_driver": False}
     if address:

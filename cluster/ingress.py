@@ -46,15 +46,15 @@ class Board:
         return self.rows
 
 
-async def _parse(body: bytes):
+async def _parse(body: bytes, lane):
     """`body` parsed as llmctl serve parses it (server/body.py: a JSON
-    object, depth-checked, finite; a large one on the process's shared body
-    workers under their deadline), so the ingress's loop keeps relaying
+    object, depth-checked, finite; a large one on `lane`, the ingress's
+    body workers and their deadline), so the ingress's loop keeps relaying
     streams meanwhile. Raises InvalidParams, and ServerBusy when those
     workers are too busy to start it."""
     from llmctl.server.body import parse_body
 
-    return await parse_body(body)
+    return await parse_body(body, *lane)
 
 
 async def _lifespan(receive, send) -> None:
@@ -105,9 +105,13 @@ class Ingress:
     Raises nothing of its own: failures become responses."""
 
     def __init__(self, replicas, board, policy=None, bind_host: str | None = None) -> None:
+        from llmctl.server.body import body_lane
         from llmctl.server.state import HttpPolicy
+        from llmctl.settings import Settings
 
         self.replicas = replicas.options(stream=True)
+        # The ingress's own start-up, in its Ray process: a bad setting fails it.
+        self._body_lane = body_lane(Settings.load())
         self.board = board
         self.policy = policy or HttpPolicy()
         self.bind_host = bind_host
@@ -148,7 +152,7 @@ class Ingress:
         # The policy's cap bounds this read; past it, ClientDisconnect.
         body = await request.body()
         try:
-            key = affinity.affinity_key(await _parse(body)) if body else None
+            key = affinity.affinity_key(await _parse(body, self._body_lane)) if body else None
         except LlmctlError as e:     # InvalidParams (not JSON, too deep, not finite), ServerBusy
             return error_response(e, request.url.path)
         call = (request.method, request.url.path, request.url.query.encode(),

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
+
+from llmctl.settings import handed_over
 
 CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 POLICY_ENV = "LLMCTL_CLUSTER_POLICY"
@@ -40,7 +41,7 @@ def proxy_middlewares() -> list:
     from llmctl.server.middleware import layers
     from llmctl.server.state import HttpPolicy
 
-    raw = os.environ.get(POLICY_ENV)
+    raw = handed_over(POLICY_ENV)
     if not raw:
         return []
     spec = json.loads(raw)

@@ -24,6 +24,7 @@ from llmctl.hub.part_ledger import Parts
 from llmctl.hub.ranged import RangeDownload
 from llmctl.hub.reference import Reference, parse_reference
 from llmctl.hub.verify import verify
+from llmctl.settings import Settings
 from llmctl.store.gguf_info import is_later_shard
 from llmctl.store.hf_cache import RepoCache, check_commit, check_etag
 from llmctl.store.index import StoreIndex
@@ -90,7 +91,16 @@ def _check_names(files: list[RemoteFile]) -> None:
         check_etag(f.path, f.etag)
 
 
-def _fetch(cache: RepoCache, repo_id: str, commit: str, f: RemoteFile, connections: int,
+@dataclass(frozen=True)
+class Transfer:
+    """How files are fetched: parallel ranges per file, and the settings'
+    retries, back-off and stall timeout."""
+
+    connections: int
+    settings: Settings
+
+
+def _fetch(cache: RepoCache, repo_id: str, commit: str, f: RemoteFile, how: Transfer,
            events: PullEvents, result: PullResult) -> str:
     """Bring one file into blobs/, verified, and link it into the snapshot;
     return its sha256."""
@@ -115,23 +125,23 @@ def _fetch(cache: RepoCache, repo_id: str, commit: str, f: RemoteFile, connectio
         if blob.is_file() and blob.stat().st_size == f.size:
             sha256 = verify(blob, f)   # another tool fetched it meanwhile
         else:
-            sha256 = _download(cache, src, f, connections, events, result)
+            sha256 = _download(cache, src, f, how, events, result)
         cache.link(commit, f.path, f.etag)
         return sha256
 
 
-def _download(cache: RepoCache, src: remote.FileSource, f: RemoteFile, connections: int,
+def _download(cache: RepoCache, src: remote.FileSource, f: RemoteFile, how: Transfer,
               events: PullEvents, result: PullResult) -> str:
     """Range-download into the resumable partial file, verify it, move it to
     blobs/; return its sha256."""
-    parts = Parts.open(cache.partial(f.etag), f.etag, f.size, connections)
+    parts = Parts.open(cache.partial(f.etag), f.etag, f.size, how.connections)
     if parts.bytes_done:
         events.on_note(f"resuming {f.path}: {parts.bytes_done / 1e6:,.1f} MB already on disk")
     events.on_file(f.path, f.size, parts.bytes_done)
     result.bytes_downloaded += f.size - parts.bytes_done
     t0 = time.monotonic()
-    RangeDownload(src.url, src.headers, parts, connections,
-                  on_bytes=lambda n: events.on_bytes(f.path, n)).run()
+    RangeDownload(src.url, src.headers, parts, how.connections,
+                  on_bytes=lambda n: events.on_bytes(f.path, n), patience=how.settings).run()
     result.transfer_seconds += time.monotonic() - t0
     try:
         sha256 = verify(parts.data, f)
@@ -178,13 +188,16 @@ def _plan(ref: Reference, cache: RepoCache, revision: str | None, include: list[
 
 def pull(model: str, *, revision: str | None = None, include: list[str] | None = None,
          exclude: list[str] | None = None, connections: int = DEFAULT_CONNECTIONS,
-         dry_run: bool = False, events: PullEvents | None = None) -> PullResult:
+         dry_run: bool = False, events: PullEvents | None = None,
+         settings: Settings | None = None) -> PullResult:
     """Pull `model` (a models.toml name or ORG/REPO[:TAG]) into the HF cache
     and register its GGUF models; `events` hears about progress (see
-    llmctl.hub.events). Raises UsageError (bad reference, nothing matches),
+    llmctl.hub.events); `settings` holds the retries and timeouts (None:
+    Settings.load(), this process's). Raises UsageError (bad reference, nothing matches),
     HubError, IntegrityError, DiskSpaceError, and PathEscape when the Hub's
     listing names paths outside the cache."""
     t0 = time.monotonic()
+    how = Transfer(connections, settings or Settings.load())
     events = events or Silent()
     ref = parse_reference(model)
     cache = RepoCache(ref.repo_id)
@@ -199,7 +212,7 @@ def pull(model: str, *, revision: str | None = None, include: list[str] | None =
     shas = {f.path: f.sha256 for f in sel.files}
     events.on_start(sum(f.size for f in missing))
     for f in missing:
-        shas[f.path] = _fetch(cache, ref.repo_id, result.commit, f, connections, events, result)
+        shas[f.path] = _fetch(cache, ref.repo_id, result.commit, f, how, events, result)
     cache.write_ref(revision, result.commit)
     t_reg = time.monotonic()
     _register(result, sel, shas, cache)

@@ -17,9 +17,9 @@ import time
 from typing import Callable
 from urllib.parse import urlsplit
 
-from llmctl import settings
 from llmctl.errors import HubError
 from llmctl.hub.part_ledger import Parts
+from llmctl.settings import Settings
 
 BUF = 256 * 1024     # small reads: Ctrl-C stops a throttled stream promptly
 
@@ -46,13 +46,15 @@ class RangeDownload:
     server ignores ranges, and the first other error a connection hits."""
 
     def __init__(self, url: str, headers: dict[str, str], parts: Parts, connections: int,
-                 on_bytes: Callable[[int], None] = lambda n: None):
+                 on_bytes: Callable[[int], None] = lambda n: None,
+                 patience: Settings | None = None):
         self.url, self.headers, self.parts = url, headers, parts
         self.connections = max(1, connections)
         self.on_bytes = on_bytes
-        self.retries = int(settings.env("PULL_RETRIES", "5"))
-        self.backoff = float(settings.env("PULL_BACKOFF", "0.5"))
-        self.timeout = float(settings.env("PULL_TIMEOUT", "30"))
+        patience = patience or Settings()       # pull_retries, _backoff_s, _timeout_s
+        self.retries = patience.pull_retries
+        self.backoff = patience.pull_backoff_s
+        self.timeout = patience.pull_timeout_s
         self.stop = threading.Event()
         self.error: BaseException | None = None
         u = urlsplit(url)

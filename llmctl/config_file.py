@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmctl import settings
 from llmctl.errors import UsageError
 
 Table = tuple[str, ...]         # () is the top level; ("cache", "ls") is [cache.ls]
@@ -38,9 +39,9 @@ class ConfigError(UsageError):
 def config_path() -> Path:
     """`LLMCTL_CONFIG`, else `$XDG_CONFIG_HOME/llmctl/config.toml`, else
     `~/.config/llmctl/config.toml`."""
-    override = os.environ.get("LLMCTL_CONFIG")
+    override = settings.config_file_override()
     if override:
-        return Path(override).expanduser()
+        return override
     xdg = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(xdg) / "llmctl" / "config.toml"
 

@@ -27,6 +27,8 @@ import os
 import sys
 from pathlib import Path
 
+from llmctl import settings
+
 
 def library_path() -> Path | None:
     """The libllama that llama_cpp will open: LLAMA_CPP_LIB_PATH's, else the
@@ -75,7 +77,7 @@ _HOOK = _LlamaBeforeNumpy()
 def install() -> None:
     """Put the hook in place, unless numpy is already imported (too late:
     the caller imported it before llmctl) or LLMCTL_NO_PRELOAD is set."""
-    if "numpy" in sys.modules or os.environ.get("LLMCTL_NO_PRELOAD"):
+    if "numpy" in sys.modules or settings.no_preload():
         return
     if _HOOK not in sys.meta_path:
         sys.meta_path.insert(0, _HOOK)

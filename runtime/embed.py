@@ -20,7 +20,6 @@ import weakref
 
 import numpy as np
 
-from llmctl import settings
 from llmctl.errors import ContextOverflow, InvalidParams, LlmctlError
 from llmctl.runtime.llama import EmbeddingContext, LlamaModel
 from llmctl.runtime.llm import LLM, MAX_CHARS_PER_TOKEN
@@ -34,8 +33,6 @@ MIN_TOKENS = 512
 # batch: its compute buffer holds n_tokens x n_vocab floats. This bounds it
 # (a 262k vocabulary gets MIN_TOKENS, a 49k one about 1,300).
 LOGITS_BUDGET = 256 << 20
-
-DEFAULT_MAX_REQUEST_TOKENS = 65536
 
 # One per LLM, dropped with it; the LLM's close frees the context first.
 _embedders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -64,12 +61,6 @@ def pooling_for(model: LlamaModel) -> str:
         raise InvalidParams("this model is a reranker: its pooling gives scores, not "
                             "embeddings", param="model")
     return declared if declared in ("mean", "cls", "last") else "mean"
-
-
-def max_request_tokens() -> int:
-    """Tokens one request may embed: LLMCTL_EMBED_MAX_TOKENS, else 65,536.
-    Raises UsageError for a value that is not a positive integer."""
-    return int(settings.positive("EMBED_MAX_TOKENS", DEFAULT_MAX_REQUEST_TOKENS, integer=True))
 
 
 class Cancelled(LlmctlError):
@@ -127,6 +118,8 @@ class Embedder:
         # Holds the model, never the LLM: the registry's value must not keep its key alive.
         self.model = llm.model
         self.n_tokens = batch_tokens(self.model)
+        # Tokens one request may embed (the settings' embed_max_tokens).
+        self.max_request_tokens = llm.opts.settings.embed_max_tokens
         self.ctx = EmbeddingContext(self.model, n_tokens=self.n_tokens, n_seq_max=MAX_SEQS,
                                     n_threads=llm.opts.threads or default_threads(),
                                     pooling=pooling_for(self.model))
@@ -194,7 +187,7 @@ def embed_texts(llm: LLM, texts: list[str], *, truncate: bool = True,
 
     Raises InvalidParams (param "input" or "dimensions") for an empty list,
     more than MAX_INPUTS texts, a non-string or empty text, more than
-    max_request_tokens() tokens in all, or dimensions outside 1..n_embd;
+    the settings' embed_max_tokens in all, or dimensions outside 1..n_embd;
     ContextOverflow (param "input") for a text too long when not truncating;
     Cancelled once `cancel` is set; what embedder() raises; DecodeError."""
     _check_list(texts)
@@ -250,7 +243,7 @@ def _embed(emb: Embedder, seqs: list[list[int]], truncate: bool, dimensions: int
         raise ContextOverflow(f"an input is longer than the {emb.n_tokens} tokens that fit "
                               "(allow truncation to cut it)", param="input")
     seqs = [s[:emb.n_tokens] for s in seqs]
-    total, cap = sum(map(len, seqs)), max_request_tokens()
+    total, cap = sum(map(len, seqs)), emb.max_request_tokens
     if total > cap:
         raise InvalidParams(f"'input' has {total:,} tokens; one request may embed at most "
                             f"{cap:,}", param="input")

@@ -3,16 +3,15 @@ here; the engine, the scheduler and the prefix cache read their parts of it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from llmctl.errors import UsageError
 from llmctl.kv_types import KV_TYPES
 from llmctl.runtime import planner
+from llmctl.runtime.batching import CPU_STEP_TOKENS, ENGINE_MAX_QUEUE, GPU_STEP_TOKENS
 from llmctl.runtime.prefix_cache.rule import tile_for
 from llmctl.runtime.speculation.spec_config import DRAFT_MIN, P_MIN, SpecConfig, default_draft_max
-
-CPU_STEP_TOKENS = 512
-GPU_STEP_TOKENS = 2048
+from llmctl.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -27,7 +26,7 @@ class LoadOptions:
     # One step's tokens; None: 512 on a CPU, 2048 with every layer on a GPU
     # (on_device), where a bigger step costs little more than a small one.
     max_num_batched_tokens: int | None = None
-    max_queue: int = 256
+    max_queue: int = ENGINE_MAX_QUEUE
     # None: on with every layer on a GPU (on_device), under deterministic
     # and for a quantized KV; on a CPU, on unless the prefix cache is on.
     flash_attn: bool | None = None
@@ -52,6 +51,9 @@ class LoadOptions:
     draft_min: int = DRAFT_MIN
     draft_p_min: float = P_MIN
     kv_type: str = "f16"                 # K and V cache element type: a KV_TYPES name
+    # The bounds without a flag (engine stall, grammar budget, embeddings,
+    # model waiters): Settings.load()'s, read once by the front end.
+    settings: Settings = field(default_factory=Settings)
 
     def __post_init__(self) -> None:
         if self.ctx_size is not None and self.ctx_size < 64:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from llmctl import settings
+from llmctl.runtime.batching import SERVE_MAX_QUEUED
 from llmctl.server.errors import error_response
 from llmctl.server.workers import ServerBusy
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from llmctl.runtime.llm import AsyncStream
 
 MB = 1 << 20
-DEFAULT_MAX_QUEUED = 16384
+DEFAULT_MAX_QUEUED = SERVE_MAX_QUEUED
 # The memory budget's default: 5% of the machine's RAM, within these bounds.
 DEFAULT_MAX_QUEUED_MB = (256.0, 1024.0)
 # What one queued request holds beyond its body: uvicorn's connection and
@@ -131,13 +131,12 @@ class Admission:
         self.refused = 0
 
     @classmethod
-    def from_settings(cls, max_queued: int | None = None,
-                      max_queued_mb: float | None = None) -> "Admission":
-        """The bounds given (the serve flags), else LLMCTL_MAX_QUEUED and
-        LLMCTL_MAX_QUEUED_MB, else the defaults. Raises UsageError naming a
-        bad variable."""
-        count = max_queued or int(settings.positive("MAX_QUEUED", DEFAULT_MAX_QUEUED, integer=True))
-        mb = max_queued_mb or settings.positive("MAX_QUEUED_MB", default_queued_mb(), unit="MiB")
+    def from_flags(cls, max_queued: int | None = None,
+                   max_queued_mb: float | None = None) -> "Admission":
+        """The bounds given (serve's --max-queued and --max-queued-mb, or
+        their variables, which click reads), else the defaults."""
+        count = max_queued or DEFAULT_MAX_QUEUED
+        mb = max_queued_mb or default_queued_mb()
         return cls(count, max(int(mb * MB), PER_REQUEST_BYTES))
 
     def admit(self, protocol: str) -> Ticket:

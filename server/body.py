@@ -16,9 +16,9 @@ import threading
 import numpy as np
 from fastapi import Request
 
-from llmctl import settings
 from llmctl.errors import InvalidParams
-from llmctl.server.workers import BODY_DEADLINE_S, QUEUE_PER_WORKER, DaemonExecutor, run_with_deadline
+from llmctl.server.workers import QUEUE_PER_WORKER, DaemonExecutor, run_with_deadline
+from llmctl.settings import Settings
 
 # Deeper than any real request; the walk below is iterative, but code
 # further on (templates, json.dumps) recurses.
@@ -48,35 +48,38 @@ async def json_body(request: Request) -> dict:
     start it; PayloadTooLarge (from the body cap) propagates."""
     raw = await request.body()
     workers = getattr(getattr(request.app.state, "llmctl", None), "workers", None)
-    if workers is None:
-        return await parse_body(raw)
+    if workers is None:     # an app without the server's state: the defaults' lane
+        return await parse_body(raw, *_default_lane())
     return await parse_body(raw, workers.body, workers.body_deadline_s)
 
 
-_shared: list[DaemonExecutor] = []
-_shared_lock = threading.Lock()
+_default: list[tuple[DaemonExecutor, float]] = []
+_default_lock = threading.Lock()
 
 
-def shared_executor() -> DaemonExecutor:
-    """This process's body workers, for a process without Workers (the
-    cluster ingress): LLMCTL_WORKERS_BODY threads (2), 4 queued per thread."""
-    with _shared_lock:
-        if not _shared:
-            size = max(1, int(settings.env("WORKERS_BODY", "2") or "2"))
-            _shared.append(DaemonExecutor("llmctl-body", size, QUEUE_PER_WORKER * size))
-        return _shared[0]
+def body_lane(settings: Settings) -> tuple[DaemonExecutor, float]:
+    """Body workers and their deadline for a process without Workers (the
+    cluster ingress): `workers_body` threads, 4 calls queued per thread."""
+    size = settings.workers_body
+    return DaemonExecutor("llmctl-body", size, QUEUE_PER_WORKER * size), settings.body_deadline_s
 
 
-async def parse_body(raw: bytes, executor: cf.Executor | None = None,
-                     deadline_s: float = BODY_DEADLINE_S) -> dict:
+def _default_lane() -> tuple[DaemonExecutor, float]:
+    with _default_lock:
+        if not _default:
+            _default.append(body_lane(Settings()))
+        return _default[0]
+
+
+async def parse_body(raw: bytes, executor: cf.Executor, deadline_s: float) -> dict:
     """parse_json(raw): inline up to INLINE_BYTES, else on `executor`
-    (shared_executor() when None) under `deadline_s`, counted from when a
-    worker starts it. Raises what parse_json raises, InvalidParams past the
-    deadline and ServerBusy when the executor is too busy to start it."""
+    under `deadline_s`, counted from when a worker starts it. Raises what
+    parse_json raises, InvalidParams past the deadline and ServerBusy when
+    the executor is too busy to start it."""
     if len(raw) <= INLINE_BYTES:
         return parse_json(raw)
     try:
-        return await run_with_deadline(executor or shared_executor(), deadline_s, parse_json, raw)
+        return await run_with_deadline(executor, deadline_s, parse_json, raw)
     except TimeoutError:
         raise InvalidParams(f"the request body took longer than {deadline_s:g} s to "
                             "parse") from None

@@ -22,7 +22,6 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from llmctl import settings
 from llmctl.errors import InvalidParams
 from llmctl.presets import Preset
 from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent
@@ -37,10 +36,6 @@ from llmctl.server.chat_output import ToolSetup
 from llmctl.server.state import ServerState, leased, state_of
 from llmctl.server.tool_protocol import Structured
 from llmctl.server.workers import converting_field, parse_within_deadline, run_on
-
-# A keep-alive frame this often while nothing else is sent (a long CPU
-# prefill), so proxies and clients with read timeouts don't cut the stream.
-KEEPALIVE_S = float(settings.env("SSE_KEEPALIVE_S", "15") or "15")
 
 Event = TokenEvent | FinishEvent | ErrorEvent
 R = TypeVar("R")
@@ -139,7 +134,7 @@ class Dialect(ABC):
 
     media_type: str = "application/json"   # of a streamed response
     headers: dict[str, str] = {}            # of a streamed response
-    keepalive: str | None = None            # sent every KEEPALIVE_S of silence; None: never
+    keepalive: str | None = None            # sent every sse_keepalive_s of silence; None: never
 
     @abstractmethod
     def sampling(self, n_ctx: int) -> SamplingParams:
@@ -243,7 +238,10 @@ async def _on_lease(request: Request, state: ServerState, req: GenerationRequest
     if req.stream:
         # The stream releases the lease when it ends; the background task
         # also does, should the stream never start (release is idempotent).
-        return StreamingResponse(_stream(merged, frames, dialect.keepalive, lease),
+        # A keep-alive frame while nothing else is sent (a long CPU
+        # prefill), so proxies and clients with read timeouts keep the stream.
+        keepalive = (dialect.keepalive, state.settings.sse_keepalive_s)
+        return StreamingResponse(_stream(merged, frames, keepalive, lease),
                                  media_type=dialect.media_type, headers=dialect.headers or None,
                                  background=BackgroundTask(lease.release))
     try:
@@ -332,8 +330,11 @@ class Merged:
             stream.close()
 
 
-async def _stream(merged: Merged, frames: Frames,
-                  keepalive: str | None, lease: Lease) -> AsyncIterator[str]:
+async def _stream(merged: Merged, frames: Frames, keepalive: tuple[str | None, float],
+                  lease: Lease) -> AsyncIterator[str]:
+    """The frames of `merged`, and `keepalive`'s (frame, seconds): that frame
+    after that long without one (None: never)."""
+    frame, every_s = keepalive
     try:
         opening = frames.opening()
         if opening:
@@ -341,9 +342,9 @@ async def _stream(merged: Merged, frames: Frames,
         ended = False
         while not ended:
             try:
-                batch = await merged.next_batch(KEEPALIVE_S if keepalive else None)
+                batch = await merged.next_batch(every_s if frame else None)
             except TimeoutError:
-                yield keepalive or ""
+                yield frame or ""
                 continue
             # Events that queued up while we were sending go out in one
             # write: fewer syscalls and wake-ups, same frames for the client.

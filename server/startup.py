@@ -19,6 +19,7 @@ from llmctl.runtime.pool.room import FOREVER
 from llmctl.server.admission import Admission
 from llmctl.server.app import create_app
 from llmctl.server.state import HttpPolicy, ServerState
+from llmctl.server.workers import Workers
 from llmctl.store.registry import load_registry
 from llmctl.store.resolve import ResolvedModel, default_model_name, resolve_model
 
@@ -54,21 +55,6 @@ def _aliases(name: str, path_stem: str) -> set[str]:
         if spec.quant:
             names.add(f"{spec.repo}:{spec.quant}")
     return names
-
-
-def check_settings() -> None:
-    """Read every LLMCTL_* number the server reads later, so a bad one stops
-    `serve` before it listens instead of failing a client's request. Raises
-    UsageError naming the variable."""
-    from llmctl.runtime.embed import max_request_tokens
-    from llmctl.runtime.engine.loop import stall_limit_s
-    from llmctl.runtime.llama.grammar_budget import GrammarBudget
-    from llmctl.server.workers import Workers
-
-    stall_limit_s()
-    GrammarBudget.from_env()
-    max_request_tokens()
-    Workers().shutdown()        # their sizes; no thread starts before a call
 
 
 def check_port(host: str, port: int) -> None:
@@ -123,7 +109,7 @@ def queue_bounds(queue: tuple[int | None, float | None], max_body: int) -> Admis
     """The server's Admission for (--max-queued, --max-queued-mb). Raises
     UsageError for a bad setting, or a memory bound that cannot hold one
     request of `max_body` bytes (it could never be admitted)."""
-    admission = Admission.from_settings(*queue)
+    admission = Admission.from_flags(*queue)
     need = admission.charge_for(max_body)
     if need > admission.max_queued_bytes:
         raise UsageError(f"--max-queued-mb {admission.max_queued_bytes / (1 << 20):g} cannot "
@@ -134,13 +120,14 @@ def queue_bounds(queue: tuple[int | None, float | None], max_body: int) -> Admis
 
 def serve(model: str | None, host: str, port: int, load: LoadOptions,
           policy: HttpPolicy | None = None, on_ready: Callable[[str], None] | None = None,
-          settings: PoolSettings | None = None,
+          pool_settings: PoolSettings | None = None,
           queue: tuple[int | None, float | None] = (None, None)) -> None:
     """Serve until interrupted. With `model` (a model, or a preset of the
     config file, whose model is loaded and which requests that name none
     get) it is loaded at start and kept (LRU eviction aside); without,
     models load on their first request. `queue` is (--max-queued,
-    --max-queued-mb); None: LLMCTL_MAX_QUEUED(_MB), else the defaults.
+    --max-queued-mb); None: the defaults. The settings without a flag are
+    `load.settings` (Settings.load()'s, read by the command line).
     Raises UsageError (port in use, a bad setting), ConfigError (a bad
     preset) and what resolving `model` raises."""
     import uvicorn
@@ -148,8 +135,7 @@ def serve(model: str | None, host: str, port: int, load: LoadOptions,
     from llmctl.config_file import load_config
     from llmctl.presets import load_presets
 
-    settings = settings or PoolSettings()
-    check_settings()
+    pool_settings = pool_settings or PoolSettings()
     presets = load_presets(load_config())
     preset = presets.get(model) if model else None
     resolved = resolve_model(preset.model if preset else model) if model else None
@@ -158,9 +144,9 @@ def serve(model: str | None, host: str, port: int, load: LoadOptions,
     admission = queue_bounds(queue, (policy or HttpPolicy()).max_body_bytes)
     check_port(host, port)
     raise_open_files_limit(admission.max_queued)
-    pool = ModelPool(load, models_max=settings.models_max,
-                     memory_budget=settings.memory_budget or default_memory_budget(),
-                     keep_alive_s=settings.keep_alive_s, max_waiters=admission.max_queued)
+    pool = ModelPool(load, models_max=pool_settings.models_max,
+                     memory_budget=pool_settings.memory_budget or default_memory_budget(),
+                     keep_alive_s=pool_settings.keep_alive_s, max_waiters=admission.max_queued)
     if resolved is not None:
         pool.add_named(resolved, *_aliases(resolved.name, resolved.path.stem))
     # Without a model on the command line, a request that names none gets
@@ -168,7 +154,8 @@ def serve(model: str | None, host: str, port: int, load: LoadOptions,
     default = preset.name if preset else resolved.name if resolved else default_model_name()
     state = ServerState(pool, default=default, presets=presets,
                         policy=policy or HttpPolicy(), preloading=resolved is not None,
-                        reasoning_format=settings.reasoning_format, admission=admission)
+                        reasoning_format=pool_settings.reasoning_format, admission=admission,
+                        settings=load.settings, workers=Workers.of(load.settings))
     app = create_app(state, bind_host=host)
     loader = threading.Thread(target=_preload, args=(state, resolved, on_ready,
                                                      f"http://{host}:{port}"),

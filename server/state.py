@@ -19,6 +19,7 @@ from llmctl.server.admission import Admission
 from llmctl.server.keep_alive import request_keep_alive
 from llmctl.server.model_names import resolve_request, untagged
 from llmctl.server.workers import Workers, run_on
+from llmctl.settings import Settings
 
 if TYPE_CHECKING:
     import concurrent.futures as cf
@@ -55,7 +56,8 @@ class ServerState:
     preloading: bool = False            # `serve MODEL` is loading MODEL
     load_error: str | None = None       # ... and it failed
     started: float = field(default_factory=time.time)
-    workers: Workers = field(default_factory=Workers)   # the app shuts them down
+    settings: Settings = field(default_factory=Settings)      # Settings.load()'s, at start-up
+    workers: Workers = field(default_factory=Workers.of)     # the app shuts them down
     admission: Admission = field(default_factory=Admission)     # what may queue
     # name -> its one resolve
     _resolving: dict[str, asyncio.Future[ResolvedModel]] = field(default_factory=dict, repr=False)
@@ -75,7 +77,9 @@ class ServerState:
         default model, for an app built around one LLM object."""
         pool = ModelPool(llm.opts, memory_budget=1 << 62)
         pool.adopt(llm.resolved, llm)
-        return cls(pool, default=llm.name, **kwargs)
+        settings = llm.opts.settings
+        return cls(pool, default=llm.name, settings=settings, workers=Workers.of(settings),
+                   **kwargs)
 
     def preset(self, model: str | None) -> Preset | None:
         """The preset a request's `model` names (None: the default), with

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from llmctl import settings
 from llmctl.errors import InvalidParams, ModelsBusy
+from llmctl.settings import Settings
 
 
 class ServerBusy(ModelsBusy):
@@ -118,60 +117,55 @@ class DaemonExecutor(cf.Executor):
                 work.put(None)
 
 
-def _env_int(name: str, default: int) -> int:
-    return int(settings.positive(name, default, integer=True))
-
-
-# Read when `serve` first imports this module, before it listens: a bad value
-# is a one-line UsageError naming the variable.
-PARSE_DEADLINE_S = settings.positive("PARSE_DEADLINE_S", 10.0, unit="seconds")
-BODY_DEADLINE_S = settings.positive("BODY_DEADLINE_S", 10.0, unit="seconds")
 # Calls that may wait per worker in an executor with no admission in front
-# of it (the cluster's ingress): past it a request is refused at once
+# of it (the cluster ingress): past it a request is refused at once
 # rather than queued holding its body. `llmctl serve` bounds its queue in
 # admission.py instead, by count and by memory.
 QUEUE_PER_WORKER = 4
 
 
+_KINDS = ("body", "parse", "render", "resolve", "load", "query", "embed")
+
+
 @dataclass
 class Workers:
-    """One app's executors. Sizes (LLMCTL_WORKERS_BODY, _PARSE, _RENDER,
-    _RESOLVE, _LOAD, _QUERY, _EMBED) default to what one machine's cores can
-    keep busy. Their queues have no bound of their own: what may wait in
-    all of them together is the server's admission's (admission.py)."""
+    """One app's executors, sized by the settings (`of`).
+    Their queues have no bound of their own: what may wait in all of them
+    together is the server's admission's (admission.py)."""
 
     # Bodies over body.INLINE_BYTES: JSON parsing and validation, apart
     # from conversion, so a flood of large bodies cannot make small chats
     # wait on it, nor expensive conversions make large plain bodies wait.
-    body: DaemonExecutor = field(default_factory=lambda: DaemonExecutor(
-        "llmctl-body", _env_int("WORKERS_BODY", 2)))
+    body: DaemonExecutor
     # The expensive lane: schemas, grammars and tools become grammars here,
     # each under the parse deadline and the grammar budget. Small plain
     # requests never wait on it (generation.parse_generation).
-    parse: DaemonExecutor = field(default_factory=lambda: DaemonExecutor(
-        "llmctl-parse", _env_int("WORKERS_PARSE", 4)))
-    render: DaemonExecutor = field(default_factory=lambda: DaemonExecutor(
-        "llmctl-render", _env_int("WORKERS_RENDER", max(4, os.cpu_count() or 1))))
+    parse: DaemonExecutor
+    render: DaemonExecutor
     # Name resolution may join a model's part files (minutes): never on the
     # load threads, so a 404 or a load does not wait behind a join.
-    resolve: DaemonExecutor = field(default_factory=lambda: DaemonExecutor(
-        "llmctl-resolve", _env_int("WORKERS_RESOLVE", 4)))
-    load: DaemonExecutor = field(default_factory=lambda: DaemonExecutor(
-        "llmctl-load", _env_int("WORKERS_LOAD", 2)))
-    query: DaemonExecutor = field(default_factory=lambda: DaemonExecutor(
-        "llmctl-query", _env_int("WORKERS_QUERY", 4)))
+    resolve: DaemonExecutor
+    load: DaemonExecutor
+    query: DaemonExecutor
     # Embedding requests take turns per batch on one lock, so more threads
     # than this only queue there.
-    embed: DaemonExecutor = field(default_factory=lambda: DaemonExecutor(
-        "llmctl-embed", _env_int("WORKERS_EMBED", 2)))
-    parse_deadline_s: float = PARSE_DEADLINE_S
-    body_deadline_s: float = BODY_DEADLINE_S
+    embed: DaemonExecutor
+    parse_deadline_s: float
+    body_deadline_s: float
+
+    @classmethod
+    def of(cls, settings: Settings | None = None) -> "Workers":
+        """Executors of the settings' sizes (None: the defaults), with
+        their deadlines; no thread starts before a call."""
+        settings = settings or Settings()
+        return cls(**{kind: DaemonExecutor(f"llmctl-{kind}", getattr(settings, f"workers_{kind}"))
+                      for kind in _KINDS},
+                   parse_deadline_s=settings.parse_deadline_s,
+                   body_deadline_s=settings.body_deadline_s)
 
     def executors(self) -> dict[str, DaemonExecutor]:
         """Every executor by kind."""
-        return {"body": self.body, "parse": self.parse, "render": self.render,
-                "resolve": self.resolve, "load": self.load, "query": self.query,
-                "embed": self.embed}
+        return {kind: getattr(self, kind) for kind in _KINDS}
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         """{kind: {"busy": workers running a call, "queued": calls waiting}}."""

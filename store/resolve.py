@@ -34,7 +34,7 @@ class ResolvedModel:
 def default_model_name() -> str:
     """The model used when none is named: LLMCTL_MODEL, else the registry's
     default. Raises what load_registry raises."""
-    return settings.env("MODEL") or load_registry().default
+    return settings.default_model() or load_registry().default
 
 
 def _package_file(spec: RegistryModel) -> Path | None:

@@ -9,6 +9,7 @@ import pytest
 from llmctl.bench.workloads import burst_levels
 from llmctl.errors import UsageError
 from llmctl.server.admission import (
+    DEFAULT_MAX_QUEUED,
     MB,
     PARSED_FACTOR,
     PER_REQUEST_BYTES,
@@ -84,15 +85,11 @@ def test_the_default_budget_follows_the_machines_memory_within_bounds():
     assert 256 <= default_queued_mb() <= 1024
 
 
-def test_settings_come_from_the_environment(monkeypatch):
-    monkeypatch.setenv("LLMCTL_MAX_QUEUED", "7")
-    monkeypatch.setenv("LLMCTL_MAX_QUEUED_MB", "2")
-    adm = Admission.from_settings()
+def test_bounds_come_from_the_flags_else_the_defaults():
+    adm = Admission.from_flags(7, 2.0)
     assert (adm.max_queued, adm.max_queued_bytes) == (7, 2 * MB)
-    assert Admission.from_settings(9, 3.0).max_queued_bytes == 3 * MB
-    monkeypatch.setenv("LLMCTL_MAX_QUEUED", "lots")
-    with pytest.raises(UsageError, match="LLMCTL_MAX_QUEUED"):
-        Admission.from_settings()
+    adm = Admission.from_flags()
+    assert (adm.max_queued, adm.max_queued_bytes) == (DEFAULT_MAX_QUEUED, int(default_queued_mb() * MB))
 
 
 def test_a_burst_level_follows_the_sweep_it_is_given():

@@ -24,12 +24,12 @@ from conftest import wait_until
 from llmctl.bench.launcher import Server
 from llmctl.errors import InvalidParams
 from llmctl.runtime.embed import (
-    DEFAULT_MAX_REQUEST_TOKENS,
     CancelFlag,
     Cancelled,
     embed_tokens,
     embedder,
 )
+from llmctl.settings import Settings
 
 WAIT_S = 300
 CAP = 200_000                   # the test server's LLMCTL_EMBED_MAX_TOKENS
@@ -68,7 +68,7 @@ def test_a_cancelled_request_stops_between_batches(llm):
 
 def test_the_request_of_finding_5_is_over_the_default_cap(llm):
     width = embedder(llm).n_tokens
-    assert 64 * width > DEFAULT_MAX_REQUEST_TOKENS
+    assert 64 * width > Settings().embed_max_tokens
     before = llm.stats().embed_tokens
     with pytest.raises(InvalidParams, match="at most 65,536") as e:
         embed_tokens(llm, [[42] * width] * 64)

@@ -27,6 +27,7 @@ from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.server.app import create_app
 from llmctl.server.state import ServerState
+from llmctl.settings import Settings
 from llmctl.store.resolve import ResolvedModel
 
 # What runtime/grammar.py made (as of 14a993b) of the 578-character schema
@@ -175,13 +176,11 @@ def test_the_clock_bounds_one_token_a_filter_and_the_whole_request():
         clock.charge(0.06)
 
 
-def test_the_budget_comes_from_the_environment(monkeypatch):
-    monkeypatch.setenv("LLMCTL_GRAMMAR_BUDGET_MS", "150")
-    monkeypatch.setenv("LLMCTL_GRAMMAR_TOTAL_MS", "900")
-    assert GrammarBudget.from_env() == GrammarBudget(150.0, 900.0)
-    monkeypatch.setenv("LLMCTL_GRAMMAR_BUDGET_MS", "-1")
+def test_the_budget_comes_from_the_settings():
+    settings = Settings.load({"LLMCTL_GRAMMAR_BUDGET_MS": "150", "LLMCTL_GRAMMAR_TOTAL_MS": "900"})
+    assert GrammarBudget.of(settings) == GrammarBudget(150.0, 900.0)
     with pytest.raises(UsageError, match="LLMCTL_GRAMMAR_BUDGET_MS"):
-        GrammarBudget.from_env()
+        Settings.load({"LLMCTL_GRAMMAR_BUDGET_MS": "-1"})
 
 
 # ---- the step watchdog ----------------------------------------------------------------
@@ -230,17 +229,12 @@ def test_work_arriving_after_an_idle_spell_is_not_a_stall(engine_llm, monkeypatc
     _wait_for(lambda: seq.finished_at is not None, "the request to finish")
 
 
-def test_the_stall_limit_comes_from_the_environment(monkeypatch, engine_llm):
-    from llmctl.runtime.engine import loop as engine_module
-
-    monkeypatch.setenv("LLMCTL_ENGINE_STALL_S", "7.5")
-    assert engine_module.stall_limit_s() == 7.5
+def test_the_stall_limit_comes_from_the_settings(engine_llm):
+    assert Settings.load({"LLMCTL_ENGINE_STALL_S": "7.5"}).engine_stall_s == 7.5
     for bad in ("soon", "0", "-3", "nan", "inf"):
-        monkeypatch.setenv("LLMCTL_ENGINE_STALL_S", bad)
         with pytest.raises(UsageError, match="LLMCTL_ENGINE_STALL_S"):
-            engine_module.stall_limit_s()
-    monkeypatch.delenv("LLMCTL_ENGINE_STALL_S")
-    assert engine_module.stall_limit_s() == 60.0
+            Settings.load({"LLMCTL_ENGINE_STALL_S": bad})
+    assert engine_llm.engine.stall_s == engine_llm.opts.settings.engine_stall_s == 60.0
 
 
 async def _get(app, path: str) -> httpx.Response:

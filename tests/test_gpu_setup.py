@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from llmctl.runtime.load_options import CPU_STEP_TOKENS, GPU_STEP_TOKENS, LoadOptions
+from llmctl.runtime.batching import CPU_STEP_TOKENS, GPU_STEP_TOKENS
+from llmctl.runtime.load_options import LoadOptions
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -3,6 +3,7 @@ has Ollama's range while /api/ps and `llmctl ps` never fail on an expiry
 (finding 9). Real models through the real loader and a real `llmctl serve`."""
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import httpx
 import ollama
 import pytest
 
+from conftest import wait_until
 from llmctl.bench.launcher import Server
 from llmctl.errors import LlmctlError, ModelsBusy
 from llmctl.runtime.load_options import LoadOptions
@@ -20,6 +22,7 @@ from llmctl.runtime.pool.model_pool import Loaded, ModelPool, estimate_bytes
 from llmctl.server.ollama.models import _expiry
 from llmctl.server.state import ServerState
 from llmctl.server.workers import run_on
+from llmctl.settings import Settings
 from llmctl.store.resolve import resolve_model
 
 OPTS = LoadOptions(ctx_size=256, max_num_seqs=2, max_num_batched_tokens=64, threads=1,
@@ -126,7 +129,10 @@ def test_requests_waiting_for_room_starve_neither_the_loaded_model_nor_tags(sess
                 for _ in range(WAITERS)]
             for w in waiters:
                 w.start()
-            time.sleep(3)                       # they all wait for smollm2's room
+            # They all wait for smollm2's room: the queue shows them.
+            wait_until(lambda: httpx.get(srv.url + "/stats", timeout=30).json()["queue"]
+                       ["by_model"].get("gemma3-270m") == WAITERS,
+                       "every waiter to queue for gemma3-270m", timeout=120)
             # Bounded waits, well under the 300 s the deadlock lasted, and
             # loose enough for a machine shared with other test runs.
             answer = httpx.post(chat, timeout=120, json={"model": "smollm2", "messages": MSG,
@@ -186,8 +192,12 @@ class Wakes:
         self.calls += 1
 
 
-def _one_model_pool(**kw) -> ModelPool:
-    return ModelPool(OPTS, models_max=1, memory_budget=1 << 40, **kw)
+def _one_model_pool(opts=OPTS, **kw) -> ModelPool:
+    return ModelPool(opts, models_max=1, memory_budget=1 << 40, **kw)
+
+
+# LLMCTL_MODEL_WAITERS_MAX=2, as Settings.load() reads it.
+TWO_WAITERS = dataclasses.replace(OPTS, settings=Settings.load({"LLMCTL_MODEL_WAITERS_MAX": "2"}))
 
 
 def test_a_release_that_frees_no_room_wakes_no_waiter():
@@ -265,9 +275,8 @@ def test_a_failed_load_wakes_every_waiter_for_it_with_its_error():
         pool.close()
 
 
-def test_past_the_waiter_cap_a_request_is_models_busy_at_once(monkeypatch):
-    monkeypatch.setenv("LLMCTL_MODEL_WAITERS_MAX", "2")
-    pool = _one_model_pool(wait_s=120)
+def test_past_the_waiter_cap_a_request_is_models_busy_at_once():
+    pool = _one_model_pool(TWO_WAITERS, wait_s=120)
     state = ServerState(pool, default="smollm2")
 
     async def scenario():
@@ -296,9 +305,8 @@ def test_past_the_waiter_cap_a_request_is_models_busy_at_once(monkeypatch):
         state.workers.shutdown()
 
 
-def test_the_cap_counts_each_model_on_its_own(monkeypatch):
-    monkeypatch.setenv("LLMCTL_MODEL_WAITERS_MAX", "2")
-    pool = _one_model_pool()
+def test_the_cap_counts_each_model_on_its_own():
+    pool = _one_model_pool(TWO_WAITERS)
     try:
         waiting = [Wakes() for _ in range(2)]
         for w in waiting:

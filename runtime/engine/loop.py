@@ -23,7 +23,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, ParamSpec
 
-from llmctl import settings
 from llmctl.errors import ContextOverflow, DecodeError, EngineFailed, InvalidParams, LlmctlError
 from llmctl.runtime.engine.detok import StopMatcher, Utf8Stream
 from llmctl.runtime.engine.events import ErrorEvent, Event, FinishEvent, TokenEvent, Usage
@@ -58,12 +57,6 @@ class _Stream:
         self.logprobs: list[TokenLogprob] = []
 
 
-def stall_limit_s() -> float:
-    """LLMCTL_ENGINE_STALL_S, else 60. Raises UsageError for a value that is
-    not a positive number."""
-    return settings.positive("ENGINE_STALL_S", 60.0, unit="seconds")
-
-
 class Engine:
     """Runs requests on one model in `ctx`, its context made for `opts`
     (build.py makes the parts), which the engine owns and closes, with
@@ -71,17 +64,14 @@ class Engine:
     `submit` once its thread has died; `alive` and `failure` say so to
     health checks, and `stalled` says when it has work and makes no step.
 
-    `stall_s` (else LLMCTL_ENGINE_STALL_S) is how long a step may take
-    before the engine counts as stalled; `grammar_budget` (else
-    LLMCTL_GRAMMAR_BUDGET_MS and _TOTAL_MS) bounds each request's grammar
-    work. The constructor raises UsageError for a bad variable."""
+    `opts.settings` says how long a step may take before the engine counts
+    as stalled (engine_stall_s) and bounds each request's grammar work."""
 
     def __init__(self, model: LlamaModel, ctx: LlamaContext, opts: LoadOptions, *,
-                 prefix_cache: PrefixCache | None = None, proposer: Proposer | None = None,
-                 stall_s: float | None = None, grammar_budget: GrammarBudget | None = None):
+                 prefix_cache: PrefixCache | None = None, proposer: Proposer | None = None):
         self.model = model
-        self.stall_s = stall_s if stall_s is not None else stall_limit_s()
-        self.grammar_budget = grammar_budget or GrammarBudget.from_env()
+        self.stall_s = opts.settings.engine_stall_s
+        self.grammar_budget = GrammarBudget.of(opts.settings)
         # When the engine last finished a step, or last got work while idle.
         self._progress_at = time.monotonic()
         self.flash_attn = opts.use_flash_attn

@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from llmctl.errors import QueueFull
+from llmctl.runtime.batching import CPU_STEP_TOKENS, ENGINE_MAX_QUEUE, SERVE_MAX_NUM_SEQS, UBATCH_TOKENS
 from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.engine.slots import SlotTable
 from llmctl.runtime.engine.stats import Stats, StatsCollector
@@ -36,16 +37,16 @@ from llmctl.runtime.speculation.spec_config import SpecConfig
 class SchedulerConfig:
     """Limits the scheduler enforces; validated once, in LoadOptions."""
 
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 512
-    max_queue: int = 256
+    max_num_seqs: int = SERVE_MAX_NUM_SEQS
+    max_num_batched_tokens: int = CPU_STEP_TOKENS
+    max_queue: int = ENGINE_MAX_QUEUE
     prefix_sharing: bool = False
     min_share: int = 32         # shorter prefixes are not worth a copy or a wait
     min_run: int = 0            # moved runs past a difference (prefix_cache/reuse.py); 0: off
     # The exactness rule's tile (prefix_cache/rule.py); 1: any cut is exact
     # (flash attention off), and generated tokens are reused too.
     tile: int = TILE
-    max_chunk: int = 512        # llama.cpp's n_ubatch: a longer chunk is cut again there
+    max_chunk: int = UBATCH_TOKENS  # llama.cpp's n_ubatch: a longer chunk is cut again there
     spec: SpecConfig = SpecConfig()     # speculation: off unless the caller's options ask
     # Guessed tokens one step may check across all sequences, and the most
     # decoding sequences that speculate at all: a checked row costs compute

@@ -11,6 +11,7 @@ import llama_cpp as lc
 import numpy as np
 
 from llmctl.errors import DecodeError, LlmctlError, UsageError
+from llmctl.runtime.batching import UBATCH_TOKENS
 from llmctl.runtime.llama.handle import ContextHandle
 from llmctl.runtime.llama.model import LlamaModel
 
@@ -52,7 +53,7 @@ def _params(cfg: ContextConfig) -> lc.llama_context_params:
     params = lc.llama_context_default_params()
     params.n_ctx = cfg.n_ctx_seq * (1 if cfg.kv_unified else cfg.n_seq_max)
     params.n_batch = cfg.n_batch
-    params.n_ubatch = cfg.n_ubatch or min(cfg.n_batch, 512)
+    params.n_ubatch = cfg.n_ubatch or min(cfg.n_batch, UBATCH_TOKENS)
     params.n_seq_max = cfg.n_seq_max
     params.n_threads = params.n_threads_batch = cfg.n_threads
     params.type_k = params.type_v = kv_ggml_type(cfg.kv_type)

@@ -25,8 +25,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from llmctl import settings
 from llmctl.errors import InvalidParams
+from llmctl.settings import Settings
 
 # Accept costs under this are noise, not a growth to extrapolate from.
 _FLOOR_S = 1e-3
@@ -40,15 +40,9 @@ class GrammarBudget:
     total_ms: float = 30000.0
 
     @classmethod
-    def from_env(cls) -> "GrammarBudget":
-        """LLMCTL_GRAMMAR_BUDGET_MS and LLMCTL_GRAMMAR_TOTAL_MS, else the
-        defaults. Raises UsageError for a value that is not a positive
-        number."""
-        return cls(_ms("GRAMMAR_BUDGET_MS", cls.token_ms), _ms("GRAMMAR_TOTAL_MS", cls.total_ms))
-
-
-def _ms(name: str, default: float) -> float:
-    return settings.positive(name, default, unit="milliseconds")
+    def of(cls, settings: Settings) -> "GrammarBudget":
+        """The budget the settings give (grammar_budget_ms, grammar_total_ms)."""
+        return cls(settings.grammar_budget_ms, settings.grammar_total_ms)
 
 
 def _too_ambiguous(detail: str) -> InvalidParams:

@@ -14,6 +14,8 @@ from typing import Callable, Iterator
 
 import llama_cpp as lc
 
+from llmctl import settings
+
 _init_lock = threading.Lock()
 _initialized = False
 
@@ -52,6 +54,8 @@ class LogCapture:
 _captures: list[LogCapture] = []
 _log_lock = threading.Lock()
 _last_level = 0
+# LLMCTL_LLAMA_LOG: every line to stderr; read when the filter is installed.
+_show_all = False
 
 
 @lc.llama_log_callback
@@ -63,7 +67,7 @@ def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         if level != _GGML_LOG_LEVEL_CONT:     # a continuation keeps its line's level
             _last_level = level
         capture = _captures[-1] if _captures else None
-        if os.environ.get("LLMCTL_LLAMA_LOG") or (
+        if _show_all or (
                 capture is None and _last_level == _GGML_LOG_LEVEL_ERROR):
             os.write(2, text)
         if capture is not None:
@@ -75,6 +79,8 @@ def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 def install_quiet_log() -> None:
     """(Re)install llmctl's log filter, in case other code (llama-cpp-python's
     own classes) replaced it. Raises nothing."""
+    global _show_all
+    _show_all = settings.llama_log()
     lc.llama_log_set(_quiet_log, ctypes.c_void_p(0))
 
 

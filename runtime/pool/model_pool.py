@@ -70,7 +70,7 @@ class ModelPool:
         self._cv = threading.Condition()
         self._models: dict[str, Loaded] = {}
         self._named: dict[str, ResolvedModel] = {}     # given on the command line
-        self._waiters = Waiters(waiters_max(max_waiters))
+        self._waiters = Waiters(waiters_max(opts.settings.model_waiters_max, max_waiters))
         self._events = 0                               # room events so far, for acquire
         self._needs = NeedCache(estimator, opts)
         self._closed = False

@@ -17,7 +17,6 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from llmctl import settings
 from llmctl.errors import LlmctlError, ModelsBusy, ModelTooLarge
 
 if TYPE_CHECKING:
@@ -36,11 +35,11 @@ FOREVER = -1.0
 WAITERS_MAX = 256
 
 
-def waiters_max(default: int = WAITERS_MAX) -> int:
-    """LLMCTL_MODEL_WAITERS_MAX, else `default` (a server passes its queue
-    bound: a request it admitted never gets turned away here for waiting).
-    Raises UsageError for a value that is not a positive integer."""
-    return int(settings.positive("MODEL_WAITERS_MAX", default, integer=True))
+def waiters_max(setting: int | None, default: int = WAITERS_MAX) -> int:
+    """The settings' model_waiters_max, else `default` (a server passes its
+    queue bound: a request it admitted never gets turned away here for
+    waiting)."""
+    return setting or default
 
 
 # llama.cpp's compute buffers and the engine's own arrays, beyond weights and KV.

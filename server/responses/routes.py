@@ -33,7 +33,7 @@ class ResponseNotFound(UsageError):
 
 
 async def _parse(request: Request) -> tuple[ResponseStore, ResponsesRequest]:
-    store = store_for_home()
+    store = store_for_home(state_of(request).settings)
     _, req = await gen.parse_generation(request, _CONVERTING,
                                         partial(parse_request, store=store), True)
     return store, req
@@ -111,7 +111,8 @@ async def input_tokens(request: Request) -> dict:
 
 
 async def _stored(request: Request, response_id: str) -> StoredResponse:
-    found = await run_on(state_of(request).workers.query, store_for_home().get, response_id)
+    state = state_of(request)
+    found = await run_on(state.workers.query, store_for_home(state.settings).get, response_id)
     if found is None:
         raise ResponseNotFound(f"no response with id {response_id[:80]!r} is stored",
                                param="response_id")
@@ -131,7 +132,8 @@ async def retrieve(request: Request, response_id: str) -> dict:
 @router.delete("/v1/responses/{response_id}")
 async def delete(request: Request, response_id: str) -> dict:
     """Delete a stored response. Raises ResponseNotFound."""
-    if not await run_on(state_of(request).workers.query, store_for_home().delete, response_id):
+    state = state_of(request)
+    if not await run_on(state.workers.query, store_for_home(state.settings).delete, response_id):
         raise ResponseNotFound(f"no response with id {response_id[:80]!r} is stored",
                                param="response_id")
     return {"id": response_id, "object": "response.deleted", "deleted": True}

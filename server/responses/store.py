@@ -33,6 +33,7 @@ from llmctl import settings
 from llmctl.errors import InvalidParams
 from llmctl.files import atomic_write
 from llmctl.server.workers import DaemonExecutor
+from llmctl.settings import Settings
 
 log = logging.getLogger("llmctl.server")
 
@@ -213,13 +214,12 @@ _stores: dict[Path, ResponseStore] = {}
 _stores_lock = threading.Lock()
 
 
-def store_for_home() -> ResponseStore:
-    """The store of this process's llmctl home (settings.home()/responses).
-    Raises UsageError for a bad LLMCTL_RESPONSES_MAX or _MAX_MB."""
+def store_for_home(bounds: Settings) -> ResponseStore:
+    """The store of this process's llmctl home (settings.home()/responses),
+    bounded by `bounds`' responses_max and responses_max_mb when first made."""
     folder = settings.home() / "responses"
     with _stores_lock:
         if folder not in _stores:
-            count = int(settings.positive("RESPONSES_MAX", 1000, integer=True))
-            mb = settings.positive("RESPONSES_MAX_MB", 256.0, unit="MiB")
-            _stores[folder] = ResponseStore(folder, count, int(mb * (1 << 20)))
+            _stores[folder] = ResponseStore(folder, bounds.responses_max,
+                                            int(bounds.responses_max_mb * (1 << 20)))
         return _stores[folder]
