@@ -43,8 +43,8 @@ def _endpoint(model: str | None, url: str | None, api_key: str | None,
     if url is not None:
         base = normalize_url(url)
         name = discover_model(base, model, api_key)
-        tok = ServerTokenizer.probe(base[:-len("/v1")], name, auth_headers(api_key))
-        yield base, name, tok or ApproxTokenizer(), False
+        probed = ServerTokenizer.probe(base[:-len("/v1")], name, auth_headers(api_key))
+        yield base, name, probed or ApproxTokenizer(), False
         return
     from llmctl.store.resolve import default_model_name, resolve_model
 

@@ -9,7 +9,7 @@ import asyncio
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import urlsplit
 
 import httpx
@@ -155,7 +155,8 @@ def stream_chat(url: str, model: str, prompt: str, max_tokens: int) -> dict:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}],
             "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
-    text, first, last, usage, timings = [], None, None, None, {}
+    text, first, last, usage = [], None, None, None
+    timings: dict[str, Any] = {}
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=1800) as r:
         r.raise_for_status()
         for chunk in sse_chunks(r.iter_lines()):
@@ -252,9 +253,10 @@ async def run_level(target: Target, prompts: list[str], concurrency: int, max_to
         async def worker() -> None:
             while not queue.empty():
                 i = queue.get_nowait()
-                results[i] = await one_request(client, target, i, prompts[i], max_tokens, start)
+                result = await one_request(client, target, i, prompts[i], max_tokens, start)
+                results[i] = result
                 if on_done:
-                    on_done(results[i])
+                    on_done(result)
 
         await asyncio.gather(*(worker() for _ in range(min(concurrency, len(prompts)))))
         duration = time.perf_counter() - start

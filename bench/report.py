@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from rich import box
 from rich.table import Table
@@ -107,7 +107,7 @@ def load_json(path: Path) -> dict:
 
 
 # (label, getter, higher is better, formatter)
-METRICS = [
+METRICS: list[tuple[str, Callable[[dict], Any], bool, Callable[[Any], str]]] = [
     ("req/s", lambda lv: lv["requests_per_s"], True, rate),
     ("tok/s", lambda lv: lv["output_tokens_per_s"], True, rate),
     ("TTFT p50 ms", lambda lv: lv["ttft"]["p50"], False, ms),

@@ -63,9 +63,10 @@ def level_stats(concurrency: int, results: list[RequestResult], duration: float)
         duration_s=duration,
         requests_per_s=len(good) / duration,
         output_tokens_per_s=out_tokens / duration,
-        ttft=summarize([r.ttft for r in good]),
+        # A request is ok only once its first token came (ttft) and it ended (e2e).
+        ttft=summarize([r.ttft for r in good if r.ttft is not None]),
         itl=summarize([gap for r in good for gap in r.itl]),
-        e2e=summarize([r.e2e for r in good]),
+        e2e=summarize([r.e2e for r in good if r.e2e is not None]),
         mean_prompt_tokens=_mean([r.prompt_tokens for r in good]),
         mean_output_tokens=_mean([r.completion_tokens for r in good]),
         error_messages=dict(Counter(r.error for r in results if r.error).most_common()),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
@@ -77,7 +77,7 @@ class ServerTokenizer:
         return [t if isinstance(t, int) else t["id"] for t in r.json()["tokens"]]
 
     def decode(self, tokens: list) -> str:
-        body = {"tokens": tokens}
+        body: dict[str, Any] = {"tokens": tokens}
         if self._style == "vllm":
             body["model"] = self._model
         r = self._client.post(f"{self._root}/detokenize", json=body)

@@ -10,12 +10,16 @@ summaries are checked against the real commands by tests/test_cli_startup.py."""
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from collections.abc import MutableMapping
+from typing import TYPE_CHECKING, Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from llmctl import __version__
+
+if TYPE_CHECKING:
+    from typer._click import Command
 
 # name: (module under llmctl.cli, first paragraph of the command's help), in
 # the order the root help lists them.
@@ -75,10 +79,11 @@ class LazyGroup(TyperGroup):
     def resolve_command(self, ctx: Any, args: list[str]) -> tuple[Any, Any, list[str]]:
         name, cmd, rest = super().resolve_command(ctx, args)
         if isinstance(cmd, _Pending):
+            assert name is not None     # the name click found `cmd` under
             cmd = self.load(cmd.module)[name]
         return name, cmd, rest
 
-    def load(self, module: str) -> dict:
+    def load(self, module: str) -> MutableMapping[str, Command]:
         """Import one command module and put its real commands in place of
         their stand-ins; returns them by name. Raises ImportError as the
         import does (e.g. a dependency missing)."""

@@ -10,7 +10,7 @@ command that has the flag; the others ignore it."""
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import typer
 from rich.table import Table as RichTable
@@ -20,6 +20,10 @@ from llmctl import settings
 from llmctl.cli import options as o
 from llmctl.cli.common import handle_errors, out, print_json
 from llmctl.config_file import ConfigError, ConfigFile, Setting, Table, load_config
+
+if TYPE_CHECKING:
+    # What click hands the callbacks: typer.Context is only its annotation-time subclass.
+    from typer._click import Context
 
 # Not settings: they print or leave instead of configuring the command.
 _NOT_SETTINGS = {"help", "version", "install_completion", "show_completion"}
@@ -44,7 +48,7 @@ def _find(cmd: Any, key: str) -> tuple[Any, bool] | None:
     return None
 
 
-def _value(config: ConfigFile, ctx: typer.Context, table: Table, key: str, setting: Setting,
+def _value(config: ConfigFile, ctx: Context, table: Table, key: str, setting: Setting,
            found: tuple[Any, bool]) -> Any:
     param, negative = found
     value = setting.value
@@ -70,7 +74,7 @@ def _table_of(config: ConfigFile, path: Table, key: str) -> Table:
     return ()
 
 
-def command_map(config: ConfigFile, ctx: typer.Context, cmd: Any, path: Table) -> dict[str, Any]:
+def command_map(config: ConfigFile, ctx: Context, cmd: Any, path: Table) -> dict[str, Any]:
     """The default map for `cmd` at `path` (a group's holds its
     subcommands'). Raises ConfigError for a key of `cmd`'s own table that
     is none of its flags, and for a value its flag refuses."""
@@ -83,7 +87,7 @@ def command_map(config: ConfigFile, ctx: typer.Context, cmd: Any, path: Table) -
     return {name: command_map(config, ctx, sub, (*path, name)) for name, sub in subcommands.items()}
 
 
-def _leaf_map(config: ConfigFile, ctx: typer.Context, cmd: Any,
+def _leaf_map(config: ConfigFile, ctx: Context, cmd: Any,
               path: Table) -> dict[str, tuple[Any, Setting]]:
     """A command's settings from the file: parameter name -> (value, the
     setting it came from)."""
@@ -107,7 +111,7 @@ def _check_tables(config: ConfigFile, group: Any) -> None:
     for table, keys in config.tables.items():
         if table[:1] == (PRESETS,):
             continue
-        cmd = group
+        cmd: Any = group        # the group, then a command or subgroup, or None
         for depth, name in enumerate(table):
             cmd = getattr(cmd, "commands", {}).get(name)
             if depth == 0 and len(table) > 1 and hasattr(cmd, "module"):
@@ -123,7 +127,10 @@ def apply_config(ctx: typer.Context) -> None:
     config = load_config()
     if not (config.tables or config.headers) or not ctx.invoked_subcommand:
         return
+    from llmctl.cli.app import LazyGroup
+
     group = ctx.command
+    assert isinstance(group, LazyGroup)     # the root: app's group
     _check_tables(config, group)
     name = ctx.invoked_subcommand
     ctx.default_map = {name: command_map(config, ctx, group.commands[name], (name,))}
@@ -138,7 +145,7 @@ def _leaves(cmd: Any, path: Table) -> Iterator[tuple[Table, Any]]:
         yield from _leaves(sub, (*path, name))
 
 
-def _effective(config: ConfigFile, ctx: typer.Context, path: Table, cmd: Any) -> dict[str, dict]:
+def _effective(config: ConfigFile, ctx: Context, path: Table, cmd: Any) -> dict[str, dict]:
     """Each setting of `cmd`: its value and where it came from."""
     mapped = _leaf_map(config, ctx, cmd, path)
     rows = {}
@@ -192,10 +199,11 @@ def show(
 
     Example: llmctl config show serve
     """
-    from llmctl.cli.app import COMMANDS
+    from llmctl.cli.app import COMMANDS, LazyGroup
 
     root = context.find_root()
     group = root.command
+    assert isinstance(group, LazyGroup)     # the root: app's group
     for module in {module for module, _ in COMMANDS.values()}:
         group.load(module)
     config = load_config()

@@ -234,7 +234,8 @@ def replace_parameters(fn: Callable, params: list[inspect.Parameter],
 
 
 # --kv-type's choices, from the one list the runtime and planner use.
-KvType = Enum("KvType", {name: name for name in KV_TYPES}, type=str)
+# Built from a list, so mypy sees no members; only `.value` is used.
+KvType = Enum("KvType", {name: name for name in KV_TYPES}, type=str)  # type: ignore[misc]
 KvTypeOpt = Annotated[KvType, typer.Option(
     "--kv-type", envvar="LLMCTL_KV_TYPE",
     help="K and V cache element type: q8_0 takes about half the memory of f16, q4_0 about a "

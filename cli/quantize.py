@@ -7,7 +7,14 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import typer
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TaskID,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from typing_extensions import Annotated
 
 from llmctl.cli import options as o
@@ -26,7 +33,7 @@ def phase_progress(enabled: bool) -> Iterator:
         return
     bar = Progress(TextColumn("{task.description:<22}"), BarColumn(), TaskProgressColumn(),
                    TimeElapsedColumn(), console=err, transient=False)
-    tasks: dict[str, int] = {}
+    tasks: dict[str, TaskID] = {}
 
     def update(phase: str, done: int, total: int) -> None:
         # Started on first use, so an early error prints no empty bar.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from enum import Enum
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, TypedDict
 
 import typer
 from typing_extensions import Annotated
@@ -101,6 +101,14 @@ NoWebui = Annotated[bool, typer.Option(
 FLASH_ATTN = {FlashAttn.auto: None, FlashAttn.on: True, FlashAttn.off: False}
 
 
+class _BatchingFields(TypedDict):
+    """The LoadOptions fields Batching sets, typed one by one for `**`."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int | None
+    max_queue: int
+
+
 @o.option_group
 @dataclasses.dataclass(frozen=True)
 class Batching:
@@ -112,7 +120,7 @@ class Batching:
     max_queued: MaxQueued = SERVE_MAX_QUEUED
     max_queued_mb: MaxQueuedMb = None
 
-    def load_fields(self) -> dict[str, int | None]:
+    def load_fields(self) -> _BatchingFields:
         """The LoadOptions fields these options set: an engine queues what
         the server admitted, so its own bound is the server's."""
         return {"max_num_seqs": self.max_num_seqs,
@@ -222,8 +230,8 @@ _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**1
 def parse_bytes(text: str, flag: str) -> int:
     """`8GB`, `512MiB`, `1.5 GB` or plain bytes. Raises UsageError naming `flag`."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = m and _SIZE_UNITS.get(m.group(2).lower())
-    if not unit or float(m.group(1)) <= 0:
+    unit = _SIZE_UNITS.get(m.group(2).lower()) if m else None
+    if m is None or not unit or float(m.group(1)) <= 0:
         raise UsageError(f"{flag} {text!r} is not a size (use e.g. 8GB, 512MB, 2GiB)")
     return int(float(m.group(1)) * unit)
 

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 from llmctl import settings as settings_module
 from llmctl.cluster.ingress import Board, Ingress
 from llmctl.cluster.policy import proxy_env
 from llmctl.cluster.replica import Replica, ReplicaSpec
 from llmctl.errors import ServeFailed, UsageError
+
+if TYPE_CHECKING:
+    from ray.serve import Deployment
 
 APP_NAME = "llmctl"
 ROUTERS = ("affinity", "default")
@@ -33,7 +37,8 @@ class ClusterSettings:
             raise UsageError(f"--router must be one of {', '.join(ROUTERS)}")
         if (self.min_replicas is None) != (self.max_replicas is None):
             raise UsageError("--min-replicas and --max-replicas go together")
-        if self.autoscaling and not 0 <= self.min_replicas <= self.replicas <= self.max_replicas:
+        lo, hi = self.min_replicas, self.max_replicas      # both set, or neither, past here
+        if lo is not None and hi is not None and not 0 <= lo <= self.replicas <= hi:
             raise UsageError("need --min-replicas <= --replicas <= --max-replicas")
 
     @property
@@ -69,24 +74,34 @@ def replica_options(spec: ReplicaSpec, settings: ClusterSettings) -> dict:
         opts["num_replicas"] = settings.replicas
     if settings.router == "affinity":
         opts["request_router_config"] = RequestRouterConfig(
-            request_router_class=AffinityRouter,
+            # cast: Ray annotates every keyword of this __init__ as a dict.
+            request_router_class=cast(Any, AffinityRouter),
             # The owner keeps its keys until its slots are all busy.
             request_router_kwargs={"overload_at": slots})
     return opts
+
+
+def _deployment(target: Any, **options: Any) -> Deployment:
+    """serve.deployment(target, **options): `target` as a Deployment."""
+    from ray import serve
+
+    # cast: Ray annotates serve.deployment as returning the decorator, which
+    # it returns only when called without the class.
+    return cast("Deployment", serve.deployment(target, **options))
 
 
 def build_app(spec: ReplicaSpec, settings: ClusterSettings):
     """The Serve application: Board <- replicas <- ingress."""
     from ray import serve
 
-    board = serve.deployment(Board, name="Board", num_replicas=1,
-                             ray_actor_options={"num_cpus": 0}).bind()
-    replicas = serve.deployment(Replica, **replica_options(spec, settings)).bind(spec, board)
+    board = _deployment(Board, name="Board", num_replicas=1,
+                        ray_actor_options={"num_cpus": 0}).bind()
+    replicas = _deployment(Replica, **replica_options(spec, settings)).bind(spec, board)
     # Late-bound ASGI: Ingress.__serve_build_asgi_app__ wraps it in the policy.
     ingress = serve.ingress()(Ingress)
-    return serve.deployment(ingress, name="Ingress", num_replicas=1, max_ongoing_requests=1000,
-                            ray_actor_options={"num_cpus": 0}).bind(replicas, board, spec.policy,
-                                                                    spec.host)
+    return _deployment(ingress, name="Ingress", num_replicas=1, max_ongoing_requests=1000,
+                       ray_actor_options={"num_cpus": 0}).bind(replicas, board, spec.policy,
+                                                               spec.host)
 
 
 def connect(address: str | None = None, num_cpus: int = 1, object_store_mb: int = 256) -> None:

@@ -68,7 +68,7 @@ async def _lifespan(receive, send) -> None:
             return
 
 
-def _lost_errors() -> tuple[type, ...]:
+def _lost_errors() -> tuple[type[BaseException], ...]:
     from ray.exceptions import ActorUnavailableError, RayActorError
 
     return RayActorError, ActorUnavailableError

@@ -45,7 +45,8 @@ class Replica:
     """A Ray Serve deployment class (wrapped by deploy.py). Raises what
     LLM loading raises, which Ray reports as a failed replica start."""
 
-    async def __init__(self, spec: ReplicaSpec, board) -> None:
+    # Ray Serve awaits an async __init__; Python's type rules have no such thing.
+    async def __init__(self, spec: ReplicaSpec, board) -> None:  # type: ignore[misc]
         from ray import serve
 
         from llmctl.runtime.llm import LLM

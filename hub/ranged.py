@@ -34,6 +34,8 @@ class _Stopped(Exception):
 
 def _connect(url: str, timeout: float) -> http.client.HTTPConnection:
     u = urlsplit(url)
+    if u.hostname is None:
+        raise HubError(f"cannot download {url!r}: the URL names no host")
     if u.scheme == "https":
         return http.client.HTTPSConnection(u.hostname, u.port, timeout=timeout,
                                            context=ssl.create_default_context())

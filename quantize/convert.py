@@ -93,6 +93,7 @@ def _plan(cfg: HFConfig, refs: dict[str, TensorRef]) -> list[_Plan]:
 def _load(reader: TensorReader, plan: _Plan) -> np.ndarray:
     if plan.data is not None:
         return plan.data
+    assert plan.ref is not None, plan.name     # a plan has data or a source tensor
     w = reader.view(plan.ref)
     src = plan.ref.dtype
     if plan.out == "F32":
@@ -141,6 +142,7 @@ def convert_hf(model_dir: str | Path, output: str | Path, *, name: str | None = 
             done += p.ref.nbytes if p.ref else 0
             if progress:
                 progress(done, total)
+        assert writer.fout is not None         # opened by write_header_to_file
         writer.fout[0].flush()
         os.fsync(writer.fout[0].fileno())
     return ConvertResult(output, out2d, len(plans), total, time.perf_counter() - started)

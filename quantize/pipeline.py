@@ -8,7 +8,7 @@ import contextlib
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from llmctl import settings
 from llmctl.errors import UsageError
@@ -118,7 +118,7 @@ def quantize_model(model: str, *, bits: int | None = None, type: str | None = No
                                 size_after=out.stat().st_size,
                                 seconds=time.perf_counter() - started, warnings=warnings,
                                 intermediate=str(intermediate) if intermediate else None)
-        if check:
+        if text is not None:      # read when `check`
             result.check = _quality_check(gguf_in, out, text, threads, check_chunks, progress)
     finally:
         if source.kind == "hf" and intermediate is None:
@@ -173,7 +173,7 @@ def _quality_check(source: Path, result: Path, text: str, threads: int | None,
                    chunks: int | None, progress: Progress | None) -> dict:
     from llmctl.quantize.perplexity import perplexity
 
-    rows = {}
+    rows: dict[str, Any] = {}
     for label, path in (("source", source), ("result", result)):
         ppl = perplexity(path, text, threads=threads, max_chunks=chunks,
                          progress=_phase(progress, f"check {label}"))

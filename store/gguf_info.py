@@ -28,7 +28,7 @@ def is_later_shard(name: str) -> bool:
     """True for shards 2..n of a split GGUF: llama.cpp opens a split model by
     its first shard and finds the rest beside it."""
     m = SPLIT_RE.match(name)
-    return bool(m) and int(m.group("idx")) != 1
+    return m is not None and int(m.group("idx")) != 1
 
 
 def file_type_name(ftype: int | None) -> str:

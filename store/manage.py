@@ -36,11 +36,11 @@ def list_models(index: StoreIndex | None = None) -> Listing:
     return Listing(local, available)
 
 
-def show_model(model: str, ctx_size: int | None = None, kv_type: str = "f16") -> dict:
+def show_model(model: str | None, ctx_size: int | None = None, kv_type: str = "f16") -> dict:
     """What `llmctl show` prints: the GGUF's metadata and the memory one
-    sequence of `ctx_size` tokens needs with a `kv_type` cache. Raises
-    UsageError for an unknown KV type, and what resolve_model and
-    read_gguf_info raise."""
+    sequence of `ctx_size` tokens needs with a `kv_type` cache (`model`
+    None: the default model). Raises UsageError for an unknown KV type, and
+    what resolve_model and read_gguf_info raise."""
     try:
         kv_bytes_per_elem(kv_type)
     except ValueError as e:

