@@ -5,9 +5,12 @@ share."""
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
+
+from fastapi.responses import Response
 
 from llmctl.errors import InvalidParams
 from llmctl.runtime.sampling import MAX_STOPS, SamplingParams
@@ -120,3 +123,20 @@ def effort_thinking(effort: str | None, name: str) -> ThinkingAsk:
                             param=name.split(".")[0])
     on = effort not in ("none", "minimal")
     return ThinkingAsk(on, (name,) if on else ())
+
+
+# One header, one spelling, in every protocol: what a request asked for
+# that llmctl accepted without applying, as request paths
+# (`reasoning.effort`, `thinking.budget_tokens`), a hosted tool as
+# `tools.<type>` (docs/serve.md).
+IGNORED_HEADER = "x-llmctl-ignored"
+
+
+def name_ignored(response: Response, names: Iterable[str], route: str) -> Response:
+    """`response` with `names` (if any) in IGNORED_HEADER, each once, and in
+    the log under `route`."""
+    unique = ", ".join(dict.fromkeys(names))
+    if unique:
+        response.headers[IGNORED_HEADER] = unique
+        logging.getLogger("llmctl.server").info("%s: accepted without applying: %s", route, unique)
+    return response

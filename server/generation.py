@@ -31,8 +31,8 @@ from llmctl.runtime.llm import LLM, AsyncStream
 from llmctl.runtime.pool.model_pool import Lease
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.server.admission import ticket_of
+from llmctl.server.answer_reader import ToolSetup
 from llmctl.server.body import INLINE_BYTES, json_body
-from llmctl.server.chat_output import ToolSetup
 from llmctl.server.state import ServerState, leased, state_of
 from llmctl.server.tool_protocol import Structured
 from llmctl.server.workers import converting_field, parse_within_deadline, run_on

@@ -14,7 +14,7 @@ from llmctl.runtime.formats.tool_calls import ToolFormat
 from llmctl.runtime.formats.tool_schema import ToolChoice, validate_tool_choice, validate_tools
 from llmctl.runtime.formats.tool_shapes import CALL_OPENING
 from llmctl.runtime.sampling import SamplingParams, parse_logit_bias
-from llmctl.server.chat_output import ToolSetup
+from llmctl.server.answer_reader import ToolSetup
 
 # llama-server's --reasoning-format values that llmctl implements.
 REASONING_FORMATS = ("auto", "deepseek", "none")

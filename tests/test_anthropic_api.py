@@ -21,9 +21,9 @@ from conftest import ServerProcess, qwen_server
 from llmctl.errors import InvalidParams, QueueFull
 from llmctl.runtime.engine.events import ErrorEvent
 from llmctl.runtime.sampling import SamplingParams
+from llmctl.server.answer_reader import AnswerReader
 from llmctl.server.anthropic.frames import MessageWriter
 from llmctl.server.anthropic.request import parse_messages
-from llmctl.server.chat_output import ChatShaper
 from llmctl.server.middleware import guard
 from llmctl.server.state import HttpPolicy
 
@@ -278,7 +278,7 @@ def test_refused_by_name(body, param):
 
 
 def test_error_mid_stream_is_an_error_event():
-    writer = MessageWriter(MODEL, ChatShaper(None), False, 3)
+    writer = MessageWriter(MODEL, AnswerReader(None), False, 3)
     assert writer.opening().startswith("event: message_start\n")
     out, ended = writer.frames([(0, ErrorEvent(QueueFull("the queue is full")))])
     assert ended and out.startswith("event: error\n")

@@ -81,8 +81,8 @@ def test_anything_else_stays_content_byte_for_byte(text):
 def test_a_bare_call_is_held_until_the_answer_ends():
     stream = ToolCallStream(H, NAMES)
     assert stream.feed(CALL) == [] and stream.feed("\n ") == []
-    (head, args) = stream.finish()
-    assert (head.name, args.arguments) == ("get_weather", '{"city":"Paris"}')
+    (head, args, done) = stream.finish()
+    assert (head.name, args.arguments, done.index) == ("get_weather", '{"city":"Paris"}', 0)
     stream = ToolCallStream(H, NAMES)
     assert stream.feed(CALL + "\n") == []
     first = stream.feed("It is")

@@ -13,7 +13,8 @@ from llmctl import __version__
 from llmctl.bench.launcher import Server
 from llmctl.runtime.engine.events import FinishEvent, TokenEvent, Usage
 from llmctl.runtime.formats.tool_calls import ToolFormat
-from llmctl.server.chat_output import ChatShaper, ToolSetup
+from llmctl.server.answer_reader import AnswerReader, ToolSetup
+from llmctl.server.generation import Answer
 from llmctl.server.ollama.request import chat_messages
 from llmctl.server.ollama.routes import _Timing, _Writer
 from llmctl.store.resolve import UNKNOWN_MODEL
@@ -217,7 +218,7 @@ WEATHER = ToolSetup(ToolFormat.HERMES, frozenset({"get_weather"}))
 
 
 def _writer() -> _Writer:
-    return _Writer(True, "m", ChatShaper(WEATHER), _Timing(0.0, 0.0))
+    return _Writer(True, "m", AnswerReader(WEATHER), _Timing(0.0, 0.0))
 
 
 def test_tool_calls_have_object_arguments_streamed_and_whole():
@@ -236,7 +237,7 @@ def test_tool_calls_have_object_arguments_streamed_and_whole():
         [{"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}]
     assert lines[-1]["done"] and lines[-1]["done_reason"] == "stop"
     assert lines[-1]["eval_duration"] == 200_000_000 and lines[-1]["prompt_eval_count"] == 10
-    whole = _writer().whole(CALL, finish)
+    whole = _writer().whole(Answer(CALL, finish, [], (CALL,)))
     assert whole["message"]["content"] == ""
     assert [c["function"] for c in whole["message"]["tool_calls"]] == [c["function"] for c in calls]
 

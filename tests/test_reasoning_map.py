@@ -8,8 +8,8 @@ from llmctl.errors import InvalidParams
 from llmctl.runtime.formats.template import ChatTemplate, normalize_messages
 from llmctl.runtime.formats.tool_calls import ToolFormat
 from llmctl.runtime.sampling import SamplingParams
+from llmctl.server.answer_reader import AnswerReader, ToolSetup
 from llmctl.server.anthropic.request import parse_messages
-from llmctl.server.chat_output import ChatShaper, ToolSetup
 from llmctl.server.openai.request import parse_request as parse_chat
 from llmctl.server.responses.request import parse_request as parse_responses
 from llmctl.server.responses.store import ResponseStore
@@ -139,12 +139,11 @@ def test_anthropic_thinking_blocks_reach_a_template_that_reads_them():
 
 
 def test_the_tokens_before_the_answer_are_the_thoughts():
-    shaper = ChatShaper(ToolSetup(ToolFormat.HERMES, frozenset(), started_in_thought=True))
+    reader = AnswerReader(ToolSetup(ToolFormat.HERMES, frozenset(), started_in_thought=True))
     for piece in ["two", " and", " two", "</think>", "\n\n", "Four", "."]:
-        shaper.feed(piece)
-    shaper.finish()
-    assert shaper.reasoning_tokens == 5
-    plain = ChatShaper(ToolSetup(ToolFormat.HERMES, frozenset()))
+        reader.feed(piece)
+    assert reader.reasoning_tokens == 5
+    plain = AnswerReader(ToolSetup(ToolFormat.HERMES, frozenset()))
     for piece in ["Four", "."]:
         plain.feed(piece)
     assert plain.reasoning_tokens == 0

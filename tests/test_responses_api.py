@@ -171,7 +171,7 @@ def test_namespace_and_hosted_tools_and_counts(server):
             "tool_choice": {"type": "function", "name": "close_agent",
                             "namespace": "multi_agent_v1"}}
     r = httpx.post(server.url + "/v1/responses", json=body, timeout=120)
-    assert r.status_code == 200 and r.headers["x-llmctl-ignored-tools"] == "web_search"
+    assert r.status_code == 200 and r.headers["x-llmctl-ignored"] == "tools.web_search"
     [call] = r.json()["output"]
     assert (call["type"], call["name"], call["namespace"]) == \
         ("function_call", "close_agent", "multi_agent_v1")
@@ -245,7 +245,7 @@ def test_codex_first_turn(session_home):
         with httpx.stream("POST", srv.url + "/v1/responses", json=body, timeout=600,
                           headers={"accept": "text/event-stream"}) as r:
             assert r.status_code == 200, r.read()
-            assert r.headers["x-llmctl-ignored-tools"] == "web_search"
+            assert r.headers["x-llmctl-ignored"] == "tools.web_search"
             events = [json.loads(line[6:]) for line in r.iter_lines()
                       if line.startswith("data: ")]
     finally:

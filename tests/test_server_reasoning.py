@@ -108,7 +108,7 @@ def _respond(srv, path="/v1/responses", **extra) -> httpx.Response:
 
 def test_responses_reasoning_tokens_and_effort(thinker):
     r = _respond(thinker, reasoning={"effort": "medium"}, stream=False)
-    assert "reasoning.effort" not in r.headers.get("x-llmctl-ignored-fields", "")
+    assert "reasoning.effort" not in r.headers.get("x-llmctl-ignored", "")
     body = r.json()
     assert [i["type"] for i in body["output"]] == ["reasoning"]
     # The thought never closed: every output token went to it.

@@ -19,6 +19,7 @@ from llmctl.runtime.formats.call_stream import arguments_object
 from llmctl.runtime.formats.tool_calls import (
     ContentDelta,
     ToolCallDelta,
+    ToolCallDone,
     ToolCallStream,
     ToolFormat,
     call_id_factory,
@@ -133,7 +134,7 @@ def test_a_bare_call_is_held_until_the_answer_ends():
     stream = ToolCallStream(H, NAMES, new_id=ids(), constrained=True)
     assert stream.feed(WEATHER) == []
     out = stream.finish()
-    assert [type(d) for d in out] == [ToolCallDelta, ToolCallDelta]
+    assert [type(d) for d in out] == [ToolCallDelta, ToolCallDelta, ToolCallDone]
     assert json.loads(out[1].arguments) == json.loads(W_ARGS)
 
 

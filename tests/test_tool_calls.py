@@ -10,6 +10,7 @@ from llmctl.runtime.formats.tool_calls import (
     ParsedMessage,
     ReasoningDelta,
     ToolCallDelta,
+    ToolCallDone,
     ToolCallStream,
     ToolFormat,
     call_id_factory,
@@ -183,9 +184,9 @@ def test_fence_prefix_is_held_only_until_decided():
     assert stream.feed("Hello") == [ContentDelta("```json\n  Hello")]
     stream = ToolCallStream(H, NAMES)
     assert stream.feed("```json\n{") == [] and stream.feed(WEATHER[1:] + "\n``") == []
-    head, args, text = stream.feed("`\nok")
-    assert (head.name, args.arguments, text) == ("get_weather", '{"city":"Paris","unit":"C"}',
-                                                 ContentDelta("ok"))
+    head, args, done, text = stream.feed("`\nok")
+    assert (head.name, args.arguments, done, text) == (
+        "get_weather", '{"city":"Paris","unit":"C"}', ToolCallDone(0), ContentDelta("ok"))
     assert stream.finish() == []
     # With no tool allowed a fence can't be a call: nothing is held.
     assert ToolCallStream(H, set()).feed("```json\n{") == [ContentDelta("```json\n{")]
@@ -253,7 +254,8 @@ def test_streamed_call_shape_matches_openai():
     stream = ToolCallStream(H, NAMES, new_id=ids())
     deltas = stream.feed("Hi <tool_") + stream.feed(f"call>{WEATHER}</tool_call>") + stream.finish()
     assert deltas[0] == ContentDelta("Hi")
-    first, args = deltas[1:]
+    first, args, done = deltas[1:]
+    assert done == ToolCallDone(0)
     assert first.to_openai() == {"index": 0, "id": first.id, "type": "function",
                                  "function": {"name": "get_weather", "arguments": ""}}
     assert args.to_openai() == {"index": 0, "function": {"arguments": '{"city":"Paris","unit":"C"}'}}
@@ -310,9 +312,15 @@ def test_streaming_equals_whole_parse_for_any_chunking(fmt, text, reasoning):
         deltas = [d for c in chunks for d in stream.feed(c)] + stream.finish()
         assert collect(deltas) == whole, chunks
         for d in deltas:  # a call's id and name come once, before its arguments
-            assert isinstance(d, (ContentDelta, ReasoningDelta, ToolCallDelta))
+            assert isinstance(d, (ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallDone))
         heads = [d.index for d in deltas if isinstance(d, ToolCallDelta) and d.id]
         assert heads == list(range(len(whole.tool_calls)))
+        # ... and each call ends once, after its last arguments.
+        ends = [i for i, d in enumerate(deltas) if isinstance(d, ToolCallDone)]
+        assert [deltas[i].index for i in ends] == heads
+        for i in ends:
+            assert not any(isinstance(d, ToolCallDelta) and d.index == deltas[i].index
+                           for d in deltas[i:])
 
 
 def test_long_arguments_in_tiny_chunks_are_scanned_once():

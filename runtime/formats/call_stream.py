@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 from llmctl.runtime.formats.stream_scan import Brackets, so_far
-from llmctl.runtime.formats.tool_shapes import CALL_OPENING, CALL_OPENING_MAX, Delta, ToolCallDelta, _loads
+from llmctl.runtime.formats.tool_shapes import (
+    CALL_OPENING,
+    CALL_OPENING_MAX,
+    Delta,
+    ToolCallDelta,
+    ToolCallDone,
+    _loads,
+)
 
 _WS = r"[ \t\r\n]{0,8}"
 _NAME = r'"(?:[^"\\]|\\.)*"'
@@ -189,6 +196,7 @@ class GrammarSections:
             self._out.append(ToolCallDelta(self._index - 1, None, None, step.arguments))
         if step.end is None:
             return False
+        self._out.append(ToolCallDone(self._index - 1))
         self.cut, self._buf, self._call = self._call.cut, self._buf[step.end:], None
         return self._open_section(self._after[1], "")
 

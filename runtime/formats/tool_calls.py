@@ -39,6 +39,7 @@ from llmctl.runtime.formats.tool_shapes import (
     ReasoningDelta,
     ToolCall,
     ToolCallDelta,
+    ToolCallDone,
     ToolFormat,
     call_id_factory,
     collect,
@@ -46,7 +47,7 @@ from llmctl.runtime.formats.tool_shapes import (
 )
 
 __all__ = ["ContentDelta", "Delta", "ParsedMessage", "ReasoningDelta", "ToolCall",
-           "ToolCallDelta", "ToolCallStream", "ToolFormat", "call_id_factory", "collect",
+           "ToolCallDelta", "ToolCallDone", "ToolCallStream", "ToolFormat", "call_id_factory", "collect",
            "detect_format", "parse_tool_calls"]
 
 
@@ -384,4 +385,5 @@ class ToolCallStream(GrammarSections):
         for name, arguments in calls:
             self._out.append(ToolCallDelta(self._index, self._new_id(), name, ""))
             self._out.append(ToolCallDelta(self._index, None, None, arguments))
+            self._out.append(ToolCallDone(self._index))
             self._index += 1

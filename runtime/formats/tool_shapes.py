@@ -120,7 +120,15 @@ class ToolCallDelta:
                 "function": {"name": self.name, "arguments": self.arguments}}
 
 
-Delta = Union[ContentDelta, ReasoningDelta, ToolCallDelta]
+@dataclass(frozen=True)
+class ToolCallDone:
+    """A call's end: no more argument text follows for `index` (its
+    arguments stand as written, even where the output stopped inside them)."""
+
+    index: int
+
+
+Delta = Union[ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallDone]
 
 
 def collect(deltas: list[Delta]) -> ParsedMessage:
@@ -134,6 +142,8 @@ def collect(deltas: list[Delta]) -> ParsedMessage:
             content.append(d.text)
         elif isinstance(d, ReasoningDelta):
             reasoning.append(d.text)
+        elif isinstance(d, ToolCallDone):
+            continue
         elif d.id is not None:
             # A call's first delta carries its name (see ToolCallDelta).
             heads[d.index] = (d.id, cast(str, d.name))

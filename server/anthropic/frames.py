@@ -2,7 +2,7 @@
 events in Anthropic's order (message_start; per content block
 content_block_start, its deltas, content_block_stop; message_delta with
 the stop reason and usage; message_stop; an `error` event when generation
-fails). Both read the answer through one ChatShaper, so the events add up
+fails). Both read the answer through one AnswerReader, so the events add up
 to the whole message."""
 
 from __future__ import annotations
@@ -10,10 +10,19 @@ from __future__ import annotations
 import json
 import uuid
 
-from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent, Usage
+from llmctl.runtime.engine.events import ErrorEvent, TokenEvent, Usage
 from llmctl.runtime.formats.call_stream import arguments_object
 from llmctl.server import errors
-from llmctl.server.chat_output import ChatShaper
+from llmctl.server.answer_reader import (
+    AnswerEvent,
+    AnswerReader,
+    Finish,
+    TextDelta,
+    ThinkingDelta,
+    ToolArgumentsDelta,
+    ToolCallStart,
+    fold,
+)
 from llmctl.server.generation import Answer, Event
 
 PING = 'event: ping\ndata: {"type": "ping"}\n\n'
@@ -35,14 +44,14 @@ def usage_dict(usage: Usage) -> dict:
             "cache_read_input_tokens": usage.cached_tokens}
 
 
-def stop_reason(shaper: ChatShaper, finish: FinishEvent) -> tuple[str, str | None]:
+def stop_reason(finish: Finish) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence) of a finished answer: a call the output
     stopped inside stops for what stopped it."""
-    if shaper.n_calls and not shaper.cut:
+    if finish.reason == "tool_calls":
         return "tool_use", None
     if finish.reason == "length":
         return "max_tokens", None
-    if finish.reason == "stop" and finish.stop:
+    if finish.stop:
         return "stop_sequence", finish.stop
     return "end_turn", None
 
@@ -52,13 +61,13 @@ def _tool_id() -> str:
 
 
 class MessageWriter:
-    """The message (or its events) of one answer, its text read by
-    `shaper`. Thoughts become thinking blocks when `thinking` was asked
-    for, and are left out otherwise."""
+    """The message (or its events) of one answer, read by `reader`.
+    Thoughts become thinking blocks when `thinking` was asked for, and are
+    left out otherwise."""
 
-    def __init__(self, model: str, shaper: ChatShaper, thinking: bool, n_prompt: int):
+    def __init__(self, model: str, reader: AnswerReader, thinking: bool, n_prompt: int):
         self.id = "msg_" + uuid.uuid4().hex[:24]
-        self.model, self.shaper, self.thinking, self.n_prompt = model, shaper, thinking, n_prompt
+        self.model, self.reader, self.thinking, self.n_prompt = model, reader, thinking, n_prompt
         self._index = -1                    # the latest block's index
         self._open: str | None = None       # the type of the block still open
 
@@ -73,19 +82,18 @@ class MessageWriter:
     def body(self, answers: list[Answer]) -> dict:
         """The whole message of the (one) answer."""
         answer = answers[0]
-        message = self.shaper.message(answer.text)
+        folded = fold(self.reader.whole(answer.pieces or (answer.text,), answer.finish))
+        assert folded.finish is not None
         content: list[dict] = []
-        if self.thinking and message.get("reasoning_content"):
-            content.append({"type": "thinking", "thinking": message["reasoning_content"],
-                            "signature": ""})
-        if message.get("content"):
-            content.append({"type": "text", "text": message["content"]})
-        for call in message.get("tool_calls", ()):
-            fn = call["function"]
-            content.append({"type": "tool_use", "id": _tool_id(), "name": fn["name"],
-                            "input": arguments_object(fn["arguments"])})
-        reason, stop = stop_reason(self.shaper, answer.finish)
-        return self._message(content, reason, stop, usage_dict(answer.finish.usage))
+        if self.thinking and folded.thinking:
+            content.append({"type": "thinking", "thinking": folded.thinking, "signature": ""})
+        if folded.content:
+            content.append({"type": "text", "text": folded.content})
+        for call in folded.calls:
+            content.append({"type": "tool_use", "id": _tool_id(), "name": call.name,
+                            "input": arguments_object(call.arguments)})
+        reason, stop = stop_reason(folded.finish)
+        return self._message(content, reason, stop, usage_dict(folded.finish.usage))
 
     # ---- the stream ---------------------------------------------------------
 
@@ -105,15 +113,9 @@ class MessageWriter:
                 out.append(sse(errors.anthropic_body(e.message, status)))
                 return "".join(out), True
             if isinstance(event, TokenEvent):
-                out += self._deltas(self.shaper.feed(event.text))
+                out += self._render(self.reader.feed(event.text))
                 continue
-            out += self._deltas(self.shaper.finish(event.tail))
-            out += self._close()
-            reason, stop = stop_reason(self.shaper, event)
-            out.append(sse({"type": "message_delta",
-                            "delta": {"stop_reason": reason, "stop_sequence": stop},
-                            "usage": usage_dict(event.usage)}))
-            out.append(sse({"type": "message_stop"}))
+            out += self._render(self.reader.finish(event))
             return "".join(out), True
         return "".join(out), False
 
@@ -133,29 +135,27 @@ class MessageWriter:
     def _delta(self, delta: dict) -> str:
         return sse({"type": "content_block_delta", "index": self._index, "delta": delta})
 
-    def _deltas(self, deltas: list[dict]) -> list[str]:
+    def _render(self, events: list[AnswerEvent]) -> list[str]:
         out: list[str] = []
-        for d in deltas:
-            if d.get("content"):
+        for e in events:
+            if isinstance(e, TextDelta):
                 if self._open != "text":
                     out += self._start({"type": "text", "text": ""})
-                out.append(self._delta({"type": "text_delta", "text": d["content"]}))
-            elif d.get("reasoning_content") and self.thinking:
+                out.append(self._delta({"type": "text_delta", "text": e.text}))
+            elif isinstance(e, ThinkingDelta) and self.thinking and e.text:
                 if self._open != "thinking":
                     out += self._start({"type": "thinking", "thinking": "", "signature": ""})
-                out.append(self._delta({"type": "thinking_delta",
-                                        "thinking": d["reasoning_content"]}))
-            for call in d.get("tool_calls", ()):
-                out += self._call(call)
-        return out
-
-    def _call(self, call: dict) -> list[str]:
-        fn = call["function"]
-        out: list[str] = []
-        if "id" in call:            # a call's head: a new tool_use block
-            out += self._start({"type": "tool_use", "id": _tool_id(), "name": fn["name"],
-                                "input": {}})
-        if fn.get("arguments"):
-            out.append(self._delta({"type": "input_json_delta",
-                                    "partial_json": fn["arguments"]}))
+                out.append(self._delta({"type": "thinking_delta", "thinking": e.text}))
+            elif isinstance(e, ToolCallStart):
+                out += self._start({"type": "tool_use", "id": _tool_id(), "name": e.name,
+                                    "input": {}})
+            elif isinstance(e, ToolArgumentsDelta):
+                out.append(self._delta({"type": "input_json_delta", "partial_json": e.text}))
+            elif isinstance(e, Finish):
+                reason, stop = stop_reason(e)
+                out += self._close()
+                out.append(sse({"type": "message_delta",
+                                "delta": {"stop_reason": reason, "stop_sequence": stop},
+                                "usage": usage_dict(e.usage)}))
+                out.append(sse({"type": "message_stop"}))
         return out

@@ -15,9 +15,10 @@ from fastapi.responses import JSONResponse, Response
 
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.server import generation as gen
+from llmctl.server.answer_reader import AnswerReader, ToolSetup
 from llmctl.server.anthropic.frames import PING, MessageWriter
 from llmctl.server.anthropic.request import MessagesRequest, parse_messages
-from llmctl.server.chat_output import ChatShaper, ToolSetup
+from llmctl.server.fields import name_ignored
 from llmctl.server.state import leased
 from llmctl.server.workers import run_on
 
@@ -25,7 +26,6 @@ log = logging.getLogger("llmctl.server")
 router = APIRouter()
 # Fields whose conversion to a grammar costs CPU: parsed off the loop.
 _CONVERTING = ("output_config", "output_format", "tools")
-IGNORED_HEADER = "x-llmctl-ignored"
 
 
 @router.post("/v1/messages")
@@ -60,14 +60,9 @@ def _prompt(req: MessagesRequest) -> gen.ChatPrompt:
 
 
 def _named(response: Response, req: MessagesRequest, thinks: bool) -> Response:
-    """`response` with the fields accepted but not applied named in a
-    header: the thought's fields too on a model whose template does not think."""
-    ignored = req.think.named(req.ignored, thinks)
-    if ignored:
-        names = ", ".join(dict.fromkeys(ignored))
-        response.headers[IGNORED_HEADER] = names
-        log.info("/v1/messages: accepted without applying: %s", names)
-    return response
+    """`response` with the fields accepted but not applied named: the
+    thought's fields too on a model whose template does not think."""
+    return name_ignored(response, req.think.named(req.ignored, thinks), "/v1/messages")
 
 
 class _Messages(gen.SseDialect):
@@ -102,5 +97,5 @@ class _Messages(gen.SseDialect):
                                 started_in_thought=prompt.started_in_thought)
 
     def frames(self, generation: gen.Generation) -> MessageWriter:
-        return MessageWriter(self.req.model or generation.model, ChatShaper(generation.setup),
+        return MessageWriter(self.req.model or generation.model, AnswerReader(generation.setup),
                              self.req.thinking, generation.n_prompt)

@@ -14,10 +14,18 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from llmctl.errors import InvalidParams
-from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent
+from llmctl.runtime.engine.events import ErrorEvent, TokenEvent
+from llmctl.runtime.formats.tool_calls import ToolCall
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.server import generation as gen
-from llmctl.server.chat_output import ChatShaper, ToolSetup
+from llmctl.server.answer_reader import (
+    AnswerEvent,
+    AnswerReader,
+    Finish,
+    ToolCallEnd,
+    ToolSetup,
+    fold,
+)
 from llmctl.server.model_names import unload_request
 from llmctl.server.ollama import models as ollama_models
 from llmctl.server.ollama.request import (
@@ -173,24 +181,22 @@ class _Ollama(gen.Dialect):
 
     def frames(self, generation: gen.Generation) -> _Writer:
         return _Writer(self.req.chat, self.req.model or generation.model,
-                       ChatShaper(generation.setup),
+                       AnswerReader(generation.setup),
                        _Timing(self.start, generation.leased_at - self.start))
 
 
-def _tool_call(call: dict) -> dict:
-    """An OpenAI tool call as Ollama's: arguments as an object."""
-    fn = call["function"]
-    return {"id": call["id"], "function": {"index": call["index"], "name": fn["name"],
-                                           "arguments": json.loads(fn["arguments"])}}
+def _tool_call(index: int, call: ToolCall) -> dict:
+    """A whole call as Ollama's: arguments as an object."""
+    return {"id": call.id, "function": {"index": index, "name": call.name,
+                                        "arguments": json.loads(call.arguments)}}
 
 
 class _Writer:
-    """The lines of one answer in Ollama's shapes, from engine events run
-    through a ChatShaper (tool calls, thoughts)."""
+    """The lines of one answer in Ollama's shapes, from the events of an
+    AnswerReader (tool calls, thoughts); a call travels whole, once ended."""
 
-    def __init__(self, chat: bool, model: str, shaper: ChatShaper, timing: _Timing):
-        self.chat, self.model, self.shaper, self.timing = chat, model, shaper, timing
-        self._calls: dict[int, dict] = {}       # streamed calls still missing their arguments
+    def __init__(self, chat: bool, model: str, reader: AnswerReader, timing: _Timing):
+        self.chat, self.model, self.reader, self.timing = chat, model, reader, timing
 
     def opening(self) -> str:
         return ""
@@ -199,7 +205,7 @@ class _Writer:
         return self.lines([event for _, event in batch])
 
     def body(self, answers: list[gen.Answer]) -> dict:
-        return self.whole(answers[0].text, answers[0].finish)
+        return self.whole(answers[0])
 
     def _line(self, fields: dict, done: bool) -> dict:
         return {"model": self.model, "created_at": rfc3339(), **fields, "done": done}
@@ -207,58 +213,52 @@ class _Writer:
     def lines(self, batch: list) -> tuple[str, bool]:
         """NDJSON for a batch of events (one line for all their text), and
         whether the answer ended."""
-        deltas, out = [], []
+        events: list[AnswerEvent] = []
+        out = []
         for event in batch:
             if isinstance(event, ErrorEvent):
                 out.append({"error": event.error.message})
                 break
             if isinstance(event, TokenEvent):
-                deltas += self.shaper.feed(event.text)
+                events += self.reader.feed(event.text)
                 continue
-            deltas += self.shaper.finish(event.tail)
-            out.append(self.final(event, "", None, None))
+            events += self.reader.finish(event)
+            finish = events[-1]
+            assert isinstance(finish, Finish)
+            out.append(self.final(finish, "", None, None))
             break
-        piece = self._fold(deltas)
+        piece = self._fold(events)
         if piece is not None:
             out.insert(0, piece)
         return "".join(json.dumps(o, ensure_ascii=False) + "\n" for o in out), bool(
             out and ("error" in out[-1] or out[-1]["done"]))
 
-    def _fold(self, deltas: list[dict]) -> dict | None:
-        content, thinking, calls = [], [], []
-        for d in deltas:
-            content.append(d.get("content") or "")
-            thinking.append(d.get("reasoning_content") or "")
-            for call in d.get("tool_calls", ()):
-                if "id" in call:            # the head of a call; its arguments follow
-                    self._calls[call["index"]] = call
-                    continue
-                head = self._calls.pop(call["index"])
-                calls.append(_tool_call({**head, "function": {
-                    **head["function"], "arguments": call["function"]["arguments"]}}))
-        if not (any(content) or any(thinking) or calls):
+    def _fold(self, events: list[AnswerEvent]) -> dict | None:
+        folded = fold(events)
+        calls = [_tool_call(e.index, e.call) for e in events if isinstance(e, ToolCallEnd)]
+        if not (folded.content or folded.thinking or calls):
             return None
-        return self._line(_answer(self.chat, "".join(content), "".join(thinking) or None,
+        return self._line(_answer(self.chat, folded.content or "", folded.thinking,
                                   calls or None), False)
 
-    def final(self, event: FinishEvent, content: str, thinking: str | None,
+    def final(self, finish: Finish, content: str, thinking: str | None,
               tool_calls: list | None) -> dict:
         """The closing object: done, why, the counts and durations (ns)."""
-        usage = event.usage
+        usage, end = finish.usage, finish.engine
         return self._line({**_answer(self.chat, content, thinking, tool_calls),
-                           "done_reason": "length" if event.reason == "length" else "stop"},
+                           "done_reason": "length" if end.reason == "length" else "stop"},
                           True) | {
             "total_duration": ns(time.monotonic() - self.timing.start),
             "load_duration": ns(self.timing.load_s),
             "prompt_eval_count": usage.prompt_tokens,
-            "prompt_eval_duration": ns(event.ttft_s),
+            "prompt_eval_duration": ns(end.ttft_s),
             "eval_count": usage.completion_tokens,
-            "eval_duration": ns(event.decode_s),
+            "eval_duration": ns(end.decode_s),
         }
 
-    def whole(self, text: str, event: FinishEvent) -> dict:
-        """The one object of a non-streamed answer, for the whole `text`."""
-        message = self.shaper.message(text)
-        calls = [_tool_call({**c, "index": i}) for i, c in enumerate(message.get("tool_calls", ()))]
-        return self.final(event, message["content"] or "", message.get("reasoning_content"),
-                          calls or None)
+    def whole(self, answer: gen.Answer) -> dict:
+        """The one object of a non-streamed answer."""
+        folded = fold(self.reader.whole(answer.pieces or (answer.text,), answer.finish))
+        assert folded.finish is not None
+        calls = [_tool_call(i, c) for i, c in enumerate(folded.calls)]
+        return self.final(folded.finish, folded.content or "", folded.thinking, calls or None)

@@ -7,7 +7,18 @@ from __future__ import annotations
 
 from llmctl.runtime.engine.events import FinishEvent, TokenEvent
 from llmctl.runtime.engine.logprobs import Alternative, TokenLogprob
-from llmctl.server.chat_output import ChatShaper
+from llmctl.server.answer_reader import (
+    AnswerEvent,
+    AnswerReader,
+    Finish,
+    Folded,
+    TextDelta,
+    ThinkingDelta,
+    ToolArgumentsDelta,
+    ToolCallStart,
+    fold,
+)
+from llmctl.server.generation import Answer
 
 
 def finish_reason(reason: str) -> str:
@@ -49,50 +60,90 @@ class LegacyLogprobs:
         return out
 
 
-class ChoiceWriter:
-    """The choice objects of answer number `index`. Chat text goes through a
-    ChatShaper (tool calls, reasoning). Log-probabilities ride on the first
-    chunk that carries their text; text a shaper still holds keeps them
-    pending until it is released (or the answer ends)."""
+def _tool_call_delta(e: AnswerEvent) -> dict | None:
+    """The `delta.tool_calls` entry of a call's start or arguments."""
+    if isinstance(e, ToolCallStart):
+        return {"index": e.index, "id": e.id, "type": "function",
+                "function": {"name": e.name, "arguments": ""}}
+    if isinstance(e, ToolArgumentsDelta):
+        return {"index": e.index, "function": {"arguments": e.text}}
+    return None
 
-    def __init__(self, index: int, shaper: ChatShaper | None, logprobs: bool):
+
+def chat_delta(e: AnswerEvent) -> dict | None:
+    """An answer event as a chat chunk's `delta` (None: it adds none)."""
+    if isinstance(e, TextDelta):
+        return {"content": e.text}
+    if isinstance(e, ThinkingDelta):
+        return {"reasoning_content": e.text}
+    call = _tool_call_delta(e)
+    return {"tool_calls": [call]} if call is not None else None
+
+
+def chat_message(folded: Folded, plain: bool) -> dict:
+    """The whole assistant message; a `plain` answer (no tools, no thought
+    read) keeps its text as it is, an empty one included."""
+    message: dict = {"role": "assistant",
+                     "content": (folded.content or "") if plain else folded.content}
+    if folded.thinking is not None:
+        message["reasoning_content"] = folded.thinking
+    if folded.calls:
+        message["tool_calls"] = [c.to_openai() for c in folded.calls]
+    return message
+
+
+class ChoiceWriter:
+    """The choice objects of answer number `index`. Chat text is read by an
+    AnswerReader (tool calls, reasoning) and its events rendered as OpenAI's
+    deltas. Log-probabilities ride on the first chunk that carries their
+    text; text the reader still holds keeps them pending until it is
+    released (or the answer ends)."""
+
+    def __init__(self, index: int, reader: AnswerReader | None, logprobs: bool):
         self.index = index
-        self.shaper = shaper            # None: /v1/completions
+        self.reader = reader            # None: /v1/completions
         self.logprobs = logprobs
         self._legacy = LegacyLogprobs()   # completions' offsets; chat has no use for it
         self._pending: list[TokenLogprob] = []
 
     def first(self) -> dict | None:
         """The opening chat chunk's choice (the role); None for completions."""
-        if self.shaper is None:
+        if self.reader is None:
             return None
         return self._choice({"role": "assistant", "content": ""}, None, [])
 
     def chunks(self, event: TokenEvent | FinishEvent) -> list[dict]:
         """The choice objects one engine event adds to the stream."""
         self._pending += event.logprobs
-        end = event.reason if isinstance(event, FinishEvent) else None
-        text = event.tail if isinstance(event, FinishEvent) else event.text
-        if self.shaper is None:
+        if self.reader is None:
+            end = event.reason if isinstance(event, FinishEvent) else None
+            text = event.tail if isinstance(event, FinishEvent) else event.text
             out = [self._text(text, None)] if text else []
             if end is not None:
                 out.append(self._text("", finish_reason(end)))
             return out
-        deltas = self.shaper.feed(text) if end is None else self.shaper.finish(text)
-        out = [self._delta(d, None) for d in deltas]
-        if end is not None:
-            out.append(self._delta({}, self.shaper.finish_reason(end)))
+        events = (self.reader.finish(event) if isinstance(event, FinishEvent)
+                  else self.reader.feed(event.text))
+        out = []
+        for e in events:
+            if isinstance(e, Finish):
+                out.append(self._delta({}, e.reason))
+            elif (delta := chat_delta(e)) is not None:
+                out.append(self._delta(delta, None))
         return out
 
-    def whole(self, text: str, event: FinishEvent, logprobs: list[TokenLogprob]) -> dict:
-        """The whole choice for the complete generated `text`."""
-        if self.shaper is None:
-            lp = self._legacy.shape(logprobs) if self.logprobs else None
-            return {"index": self.index, "text": text, "logprobs": lp,
-                    "finish_reason": finish_reason(event.reason)}
-        return {"index": self.index, "message": self.shaper.message(text),
-                "logprobs": chat_logprobs(logprobs) if self.logprobs else None,
-                "finish_reason": self.shaper.finish_reason(event.reason)}
+    def whole(self, answer: Answer) -> dict:
+        """The whole choice of a complete answer."""
+        if self.reader is None:
+            lp = self._legacy.shape(answer.logprobs) if self.logprobs else None
+            return {"index": self.index, "text": answer.text, "logprobs": lp,
+                    "finish_reason": finish_reason(answer.finish.reason)}
+        folded = fold(self.reader.whole(answer.pieces or (answer.text,), answer.finish))
+        assert folded.finish is not None
+        return {"index": self.index,
+                "message": chat_message(folded, plain=self.reader.setup is None),
+                "logprobs": chat_logprobs(answer.logprobs) if self.logprobs else None,
+                "finish_reason": folded.finish.reason}
 
     def _take(self) -> list[TokenLogprob]:
         taken, self._pending = self._pending, []

@@ -14,7 +14,8 @@ from fastapi.responses import Response
 from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, Usage
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.server import errors
-from llmctl.server.chat_output import ChatShaper, ToolSetup
+from llmctl.server.answer_reader import AnswerReader, ToolSetup
+from llmctl.server.fields import name_ignored
 from llmctl.server.generation import (
     Answer,
     ChatPrompt,
@@ -54,10 +55,9 @@ async def _generate(request: Request, chat: bool) -> Response:
                                    req.n, req.stream)
     dialect = _Completions(req, chat, state.reasoning_format)
     response = await respond(request, generation, dialect)
-    unapplied = req.think.named(req.think.fields, dialect.thinks)
-    if unapplied:       # reasoning_effort on a model whose template does not think
-        response.headers["x-llmctl-ignored-fields"] = ",".join(unapplied)
-    return response
+    # reasoning_effort on a model whose template does not think
+    return name_ignored(response, req.think.named(req.think.fields, dialect.thinks),
+                        request.url.path)
 
 
 def _prompt(req: ParsedRequest) -> Prompt:
@@ -86,7 +86,7 @@ class _Completions(SseDialect):
             started_in_thought=self.chat and prompt.started_in_thought)
 
     def frames(self, generation: Generation) -> _Reply:
-        writers = [ChoiceWriter(i, ChatShaper(generation.setup) if self.chat else None,
+        writers = [ChoiceWriter(i, AnswerReader(generation.setup) if self.chat else None,
                                 generation.params.logprobs is not None)
                    for i in range(generation.n)]
         return _Reply(ResponseIds(generation.model, self.chat), writers, self.req.include_usage)
@@ -136,8 +136,7 @@ class _Reply:
         return "".join(frames), True
 
     def body(self, answers: list[Answer]) -> dict:
-        choices = [w.whole(a.text, a.finish, a.logprobs)
-                   for w, a in zip(self.writers, answers, strict=True)]
+        choices = [w.whole(a) for w, a in zip(self.writers, answers, strict=True)]
         return self.ids.body(choices, _total([a.finish.usage for a in answers]))
 
 

@@ -1,6 +1,6 @@
 """One Responses API response: the response object, and the typed events
-of its stream, each with its sequence_number. The answer's text goes
-through a ChatShaper (tool calls, thoughts) and then OutputItems, which
+of its stream, each with its sequence_number. The answer's events (an
+AnswerReader's: text, thoughts, tool calls) go through OutputItems, which
 opens and closes the output items (reasoning, message, function_call) as
 the text turns from one to the next, so a whole body is exactly what its
 stream adds up to."""
@@ -11,8 +11,16 @@ import json
 import time
 from typing import Callable
 
-from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent, Usage
-from llmctl.server.chat_output import ChatShaper
+from llmctl.runtime.engine.events import ErrorEvent, TokenEvent, Usage
+from llmctl.server.answer_reader import (
+    AnswerEvent,
+    AnswerReader,
+    Finish,
+    TextDelta,
+    ThinkingDelta,
+    ToolArgumentsDelta,
+    ToolCallStart,
+)
 from llmctl.server.generation import Answer, Event
 from llmctl.server.responses.store import new_id
 
@@ -20,7 +28,7 @@ Sealer = Callable[[str], str]
 
 
 class OutputItems:
-    """The output items of one answer, from its ChatShaper deltas. push()
+    """The output items of one answer, from its AnswerEvents. push()
     and close() return the events they add; `items` are the closed ones.
     `namespaces` maps a flattened tool name back to (namespace, function);
     `seal`, when given, seals each thought into encrypted_content."""
@@ -31,18 +39,17 @@ class OutputItems:
         self._open: dict | None = None
         self._text: list[str] = []
 
-    def push(self, delta: dict) -> list[dict]:
-        """The events for one ChatShaper delta."""
-        if "content" in delta:
-            return self._append("message", delta["content"])
-        if "reasoning_content" in delta:
-            return self._append("reasoning", delta["reasoning_content"])
-        events: list[dict] = []
-        for call in delta.get("tool_calls", ()):
-            if "id" in call:                # a new call: its head, then its arguments
-                events += self.close() + self._open_call(call)
-            events += self._append("function_call", call["function"]["arguments"])
-        return events
+    def push(self, event: AnswerEvent) -> list[dict]:
+        """The events for one answer event (Finish is `close`'s)."""
+        if isinstance(event, TextDelta):
+            return self._append("message", event.text)
+        if isinstance(event, ThinkingDelta):
+            return self._append("reasoning", event.text)
+        if isinstance(event, ToolCallStart):    # a new call: its head, then its arguments
+            return self.close() + self._open_call(event)
+        if isinstance(event, ToolArgumentsDelta):
+            return self._append("function_call", event.text)
+        return []
 
     def _where(self) -> dict:
         assert self._open is not None
@@ -77,10 +84,10 @@ class OutputItems:
                 {"type": "response.content_part.added", **self._where(), "content_index": 0,
                  "part": part}]
 
-    def _open_call(self, head: dict) -> list[dict]:
-        flat = head["function"]["name"]
+    def _open_call(self, head: ToolCallStart) -> list[dict]:
+        flat = head.name
         namespace, name = self.namespaces.get(flat, (None, flat))
-        self._open = {"type": "function_call", "id": new_id("fc"), "call_id": head["id"],
+        self._open = {"type": "function_call", "id": new_id("fc"), "call_id": head.id,
                       "name": name, "arguments": "", "status": "in_progress",
                       **({"namespace": namespace} if namespace else {})}
         return [{"type": "response.output_item.added", "output_index": len(self.items),
@@ -180,9 +187,9 @@ class Reply:
     SSE, or the whole object. `on_final(response, assistant message)` runs
     once the answer has ended, failed responses aside."""
 
-    def __init__(self, obj: ResponseObject, shaper: ChatShaper, items: OutputItems,
+    def __init__(self, obj: ResponseObject, reader: AnswerReader, items: OutputItems,
                  on_final: OnFinal):
-        self.obj, self.shaper, self.items, self.on_final = obj, shaper, items, on_final
+        self.obj, self.reader, self.items, self.on_final = obj, reader, items, on_final
         self._seq = 0
 
     def _sse(self, events: list[dict]) -> str:
@@ -205,38 +212,38 @@ class Reply:
         events: list[dict] = []
         for _, event in batch:
             if isinstance(event, ErrorEvent):
-                e = event.error
-                events += [{"type": "error", "code": e.code, "message": e.message,
-                            "param": e.param},
+                err = event.error
+                events += [{"type": "error", "code": err.code, "message": err.message,
+                            "param": err.param},
                            {"type": "response.failed", "response": self.obj.shape(
                                "failed", self.items.items,
-                               error={"code": "server_error", "message": e.message})}]
+                               error={"code": "server_error", "message": err.message})}]
                 return self._sse(events), True
             if isinstance(event, TokenEvent):
-                for delta in self.shaper.feed(event.text):
-                    events += self.items.push(delta)
+                for answer_event in self.reader.feed(event.text):
+                    events += self.items.push(answer_event)
                 continue
-            final = self._finish(event, event.tail, events)
+            final = self._finish(self.reader.finish(event), events)
             return self._sse(events + [{"type": f"response.{final['status']}",
                                         "response": final}]), True
         return self._sse(events), False
 
-    def _finish(self, event: FinishEvent, tail: str, events: list[dict]) -> dict:
-        for delta in self.shaper.finish(tail):
-            events += self.items.push(delta)
-        status = "incomplete" if event.reason == "length" else "completed"
+    def _finish(self, ending: list[AnswerEvent], events: list[dict]) -> dict:
+        """The events that end the answer (`ending`, Finish last) added to
+        `events`, and the final response object."""
+        for e in ending:
+            events += self.items.push(e)
+        finish = ending[-1]
+        assert isinstance(finish, Finish)
+        status = "incomplete" if finish.reason == "length" else "completed"
         events += self.items.close(status)
-        final = self.obj.shape(status, self.items.items, event.usage,
-                               reasoning_tokens=self.shaper.reasoning_tokens)
+        final = self.obj.shape(status, self.items.items, finish.usage,
+                               reasoning_tokens=finish.reasoning_tokens)
         self.on_final(final, self.items.assistant_message())
         return final
 
     def body(self, answers: list[Answer]) -> dict:
         """The whole response object for the one answer."""
         answer = answers[0]
-        events: list[dict] = []
-        # Piece by piece, as a stream is read: the thought's tokens are counted so.
-        for piece in [p for p in answer.pieces if p] or [answer.text]:
-            for delta in self.shaper.feed(piece):
-                events += self.items.push(delta)
-        return self._finish(answer.finish, "", events)
+        return self._finish(self.reader.whole(answer.pieces or (answer.text,), answer.finish),
+                            [])

@@ -13,7 +13,8 @@ from fastapi.responses import Response
 from llmctl.errors import ContextOverflow, InvalidParams, UsageError
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.server import generation as gen
-from llmctl.server.chat_output import ChatShaper, ToolSetup
+from llmctl.server.answer_reader import AnswerReader, ToolSetup
+from llmctl.server.fields import name_ignored
 from llmctl.server.responses.frames import OutputItems, Reply, ResponseObject
 from llmctl.server.responses.request import ResponsesRequest, parse_request
 from llmctl.server.responses.store import ResponseStore, StoredResponse, store_for_home
@@ -57,12 +58,9 @@ async def create(request: Request) -> Response:
     except ContextOverflow as e:
         raise ContextOverflow(e.message.replace("max_tokens", "max_output_tokens"),
                               param="input") from None
-    if req.tools.hosted:
-        response.headers["x-llmctl-ignored-tools"] = ",".join(req.tools.hosted)
-    ignored = req.think.named(req.ignored, dialect.thinks)
-    if ignored:
-        response.headers["x-llmctl-ignored-fields"] = ",".join(ignored)
-    return response
+    hosted = [f"tools.{kind}" for kind in req.tools.hosted]
+    return name_ignored(response, hosted + req.think.named(req.ignored, dialect.thinks),
+                        "/v1/responses")
 
 
 def _prompt(req: ResponsesRequest) -> gen.ChatPrompt:
@@ -89,7 +87,7 @@ class _Responses(gen.SseDialect):
     def frames(self, generation: gen.Generation) -> Reply:
         items = OutputItems(self.req.tools.namespaces,
                             self.store.seal if self.req.sealed else None)
-        return Reply(ResponseObject(generation.model, self.req.echo), ChatShaper(generation.setup),
+        return Reply(ResponseObject(generation.model, self.req.echo), AnswerReader(generation.setup),
                      items, self._keep)
 
     def _keep(self, response: dict, assistant: dict) -> None:
