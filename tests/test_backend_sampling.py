@@ -51,7 +51,7 @@ def _together(llm: LLM, params: SamplingParams) -> list[str]:
 def test_the_chain_in_the_graph_gives_the_hosts_greedy_answers(pair):
     on, off = pair
     greedy = SamplingParams(temperature=0, max_tokens=24)
-    assert on.engine.backend_sampling and not off.engine.backend_sampling
+    assert on.engine.runner.backend_sampling and not off.engine.runner.backend_sampling
     assert _together(on, greedy) == _together(off, greedy)
 
 

@@ -14,7 +14,6 @@ from near_tie import assert_completions_agree
 
 from conftest import smollm2_file
 from llmctl.errors import DecodeError, EngineFailed
-from llmctl.runtime.engine import loop as engine_mod
 from llmctl.runtime.engine.events import ErrorEvent
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
@@ -60,17 +59,18 @@ def run_all(llm: LLM, prompts: list[str]) -> list:
 
 def test_an_error_in_one_sequence_fails_only_that_request(exact_llm, exactness, monkeypatch):
     alone = run_all(exact_llm, PROMPTS)
-    real_stream = engine_mod._Stream
+    runner = exact_llm.engine.runner
+    real_open = runner.open
 
-    class Poisoned(real_stream):
-        def __init__(self, model, seq, *rest):
-            super().__init__(model, seq, *rest)
-            if exact_llm.chat_tokens([{"role": "user", "content": PROMPTS[3]}]) == seq.prompt:
-                def broken(ctx, row):
-                    raise ValueError("sampler exploded")
-                self.sampler.sample = broken
+    def poisoned_open(seq):
+        on_backend = real_open(seq)
+        if exact_llm.chat_tokens([{"role": "user", "content": PROMPTS[3]}]) == seq.prompt:
+            def broken(ctx, row):
+                raise ValueError("sampler exploded")
+            runner._samplers[seq.id].sample = broken
+        return on_backend
 
-    monkeypatch.setattr(engine_mod, "_Stream", Poisoned)
+    monkeypatch.setattr(runner, "open", poisoned_open)
     results = run_all(exact_llm, PROMPTS)
     assert isinstance(results[3], Exception) and "sampler exploded" in str(results[3])
     for before, after in zip(alone[:3], results[:3], strict=False):

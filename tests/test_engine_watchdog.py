@@ -7,7 +7,7 @@
   `Engine.stalled()`, and /health with it; an idle spell is no stall.
 
 Everything runs on the real SmolLM2 through real llama.cpp. The one
-stand-in is a stuck step, made by holding our own Engine._decode on an
+stand-in is a stuck step, made by holding the engine's Runner.run on an
 event (what a wedged llama.cpp call looks like from outside)."""
 
 from __future__ import annotations
@@ -192,14 +192,14 @@ def test_an_engine_with_work_and_no_step_is_stalled(engine_llm, monkeypatch):
     time.sleep(0.6)                 # idle longer than the limit: that is no stall
     assert engine.stalled() is None
     stuck, entered = threading.Event(), threading.Event()
-    decode = engine._decode
+    run = engine.runner.run
 
-    def stuck_decode(plan):         # a step that does not return, as a wedged C call
+    def stuck_run(plan):            # a step that does not return, as a wedged C call
         entered.set()
         stuck.wait(WAIT_S)
-        decode(plan)
+        return run(plan)
 
-    monkeypatch.setattr(engine, "_decode", stuck_decode)
+    monkeypatch.setattr(engine.runner, "run", stuck_run)
     request = _run(engine_llm.complete, _prompt(engine_llm),
                    SamplingParams(temperature=0, max_tokens=4))
     try:
@@ -210,7 +210,7 @@ def test_an_engine_with_work_and_no_step_is_stalled(engine_llm, monkeypatch):
         health = asyncio.run(_get(create_app(ServerState.serving(engine_llm)), "/health"))
         assert health.status_code == 503 and "finished no step" in health.text
     finally:
-        monkeypatch.setattr(engine, "_decode", decode)
+        monkeypatch.setattr(engine.runner, "run", run)
         stuck.set()
     assert _done(*request)["result"].usage.completion_tokens == 4
     assert engine.stalled() is None and engine.stats().step_age_s == 0.0

@@ -47,7 +47,7 @@ def test_a_chunk_cut_for_the_budget_leaves_a_tile_on_both_sides():
     admitted(s, a)
     (w,) = s.schedule()
     assert len(w.tokens) == 230 - TILE      # 200 would leave a 30-row chunk
-    Scheduler.on_computed(a, len(w.tokens))
+    a.n_computed += len(w.tokens)
     (w,) = s.schedule()
     assert len(w.tokens) == TILE and w.sample
 
@@ -89,7 +89,7 @@ def test_only_prompt_tokens_are_parked():
                                   prefix_sharing=True))
     a = seq(100)
     admitted(s, a)
-    Scheduler.on_computed(a, 100)
+    a.n_computed += 100
     for t in (7, 8, 9):
         Scheduler.on_token(a, t)
     a.n_computed += 2

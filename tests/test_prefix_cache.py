@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from near_tie import assert_completions_agree, assert_greedy_agree
+from plans import run_plan
 
 from conftest import ServerProcess, smollm2_file
 from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig
@@ -40,10 +41,7 @@ def sharing(n_slots: int = 4, budget: int = 64) -> Scheduler:
 
 def compute(s: Scheduler, rounds: int = 1) -> None:
     for _ in range(rounds):
-        for w in s.schedule():
-            Scheduler.on_computed(w.seq, len(w.tokens))
-            if w.sample:
-                Scheduler.on_token(w.seq, 999)
+        run_plan(s, s.schedule(), 999)
 
 
 def test_usable_prefix_leaves_the_last_prompt_token():

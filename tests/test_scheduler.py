@@ -1,11 +1,20 @@
-"""The scheduler's decisions, without a model."""
+"""The scheduler's decisions, without a model: plans it makes and the results
+of runs it is fed."""
+
+from pathlib import Path
 
 import pytest
+from plans import run_plan
 
 from llmctl.errors import QueueFull
+from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent
+from llmctl.runtime.engine.plan import Attached, Sampled, StepResult
 from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig
 from llmctl.runtime.engine.sequence import Sequence, Status
+from llmctl.runtime.prefix_cache.cache import AttachPlan
+from llmctl.runtime.prefix_cache.disk import Hit
 from llmctl.runtime.sampling import SamplingParams
+from llmctl.runtime.speculation.spec_config import SpecConfig
 
 
 def seq(n_prompt: int, max_new: int = 8, **params) -> Sequence:
@@ -13,12 +22,7 @@ def seq(n_prompt: int, max_new: int = 8, **params) -> Sequence:
                     max_new=max_new)
 
 
-def run_plan(plan, token=7):
-    """Pretend the decode ran: advance positions, sample where asked."""
-    for w in plan:
-        Scheduler.on_computed(w.seq, len(w.tokens))
-        if w.sample:
-            Scheduler.on_token(w.seq, token)
+
 
 
 def test_admission_is_fifo_and_bounded_by_slots():
@@ -59,7 +63,7 @@ def test_parked_slots_count_as_room_in_the_queue_limit():
     s.add(a)
     s.add(b)
     s.admit()
-    run_plan(s.schedule())
+    run_plan(s, s.schedule())
     for x in (a, b):
         s.finish(x, "stop", park=x.tokens[:x.n_computed])
     assert s.counts() == (0, 0, 2, 0)
@@ -77,9 +81,9 @@ def test_a_sequence_moves_through_its_states():
     assert a.status is Status.WAITING
     s.admit()
     assert a.status is Status.PREFILLING
-    run_plan(s.schedule())
+    run_plan(s, s.schedule())
     assert a.status is Status.PREFILLING and a.n_computed == 4
-    run_plan(s.schedule())
+    run_plan(s, s.schedule())
     assert a.status is Status.DECODING and a.output == [7]
     s.finish(a, "length")
     assert a.status is Status.FINISHED and s.counts() == (0, 0, 0, 1)
@@ -96,11 +100,11 @@ def test_chunked_prefill_respects_budget_and_finishes_oldest_first():
     plan = s.schedule()
     # The whole budget goes to the oldest prompt first.
     assert [(w.seq, len(w.tokens), w.sample) for w in plan] == [(long1, 10, False)]
-    run_plan(plan)
+    run_plan(s, plan)
     plan = s.schedule()
     assert [(w.seq, len(w.tokens), w.sample) for w in plan] == [(long1, 5, True), (long2, 5, False)]
     assert plan[1].pos == 0
-    run_plan(plan)
+    run_plan(s, plan)
     plan = s.schedule()
     # long1 now decodes one token; long2 finishes its prompt in the same step.
     assert [(w.seq, len(w.tokens), w.sample) for w in plan] == [(long1, 1, True), (long2, 1, True)]
@@ -113,7 +117,7 @@ def test_decode_tokens_come_before_prefill_in_budget():
     for r in running:
         s.add(r)
     s.admit()
-    run_plan(s.schedule())          # all three prompts fit: 6 tokens
+    run_plan(s, s.schedule())          # all three prompts fit: 6 tokens
     newcomer = seq(20)
     s.add(newcomer)
     s.admit()
@@ -156,3 +160,101 @@ def test_stop_reason(output, is_eog, ignore_eos, max_new, n_ctx, expected):
     s = seq(3, max_new=max_new, ignore_eos=ignore_eos)
     s.output = output
     assert Scheduler.stop_reason(s, output[-1], is_eog, n_ctx) == expected
+
+
+# ---- plans and results: KV attached first, then what the step did ------------------------
+
+
+class DiskCache:
+    """A prefix cache whose disk holds `n` tokens of every prompt."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def plan_attach(self, seq_id, slot, prompt, kv_src, moved):
+        hit = Hit(Path("state"), self.n, 0)
+        return AttachPlan(seq_id, slot, prompt, kv_src[0], kv_src[1], moved, None, hit)
+
+
+def sharing(cache) -> Scheduler:
+    return Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=64,
+                                     prefix_sharing=True, min_share=4, tile=1), cache=cache)
+
+
+def test_a_new_sequences_kv_is_attached_first_and_its_chunk_starts_after_it():
+    s, a = sharing(DiskCache(48)), seq(100)
+    s.add(a)
+    s.admit()
+    plan = s.schedule()
+    (attach,) = plan.attach
+    assert attach.seq is a and attach.expect == 48
+    assert [(w.pos, len(w.tokens), w.sample) for w in plan] == [(48, 52, True)]
+    result = StepResult(attached={a.id: Attached(48, 48, from_disk=True)})
+    r = result.of(a)
+    r.computed, r.sampled = 52, [Sampled(7, b"x", False)]
+    out = s.update(plan, result)
+    assert (a.n_computed, a.n_cached, a.cached_from_disk, a.output) == (100, 48, True, [7])
+    assert out.prefilled == [a] and isinstance(out.events[0][1], TokenEvent)
+
+
+def test_a_plan_whose_kv_fell_back_starts_again_from_what_the_slot_holds():
+    s, a = sharing(DiskCache(48)), seq(100)
+    s.add(a)
+    s.admit()
+    plan = s.schedule()
+    # The runner held its rows back: the state was unreadable, memory gave 0.
+    s.update(plan, StepResult(attached={a.id: Attached(0, 0)}))
+    assert (a.n_computed, a.n_cached, a.output) == (0, 0, [])
+    again = s.schedule()
+    assert not again.attach and [(w.pos, len(w.tokens)) for w in again] == [(0, 64)]
+
+
+def test_a_failed_attach_ends_that_request_with_its_error():
+    s, a = sharing(DiskCache(48)), seq(100)
+    s.add(a)
+    s.admit()
+    slot = a.slot
+    out = s.update(s.schedule(), StepResult(attached={a.id: OSError("the disk is gone")}))
+    (ending,) = out.ended
+    assert (ending.slot, ending.park) == (slot, None) and isinstance(ending.event, ErrorEvent)
+    assert "the disk is gone" in ending.event.error.message
+    assert a.status is Status.FINISHED and s.counts() == (0, 0, 0, 2)
+
+
+def test_a_check_confirms_its_guesses_and_a_stop_string_ends_it_midway():
+    s = Scheduler(SchedulerConfig(4, 64, spec=SpecConfig("ngram", 8, 1), tile=1))
+    a = seq(4, max_new=50, stop=["AB"])
+    s.add(a)
+    s.admit()
+    run_plan(s, s.schedule())                   # the prompt, and a first token
+    plan = s.schedule()
+    result = StepResult()
+    r = result.of(a)
+    r.computed, r.drafted = 1, 3
+    r.sampled = [Sampled(1, b"x", False), Sampled(2, b"A", False), Sampled(3, b"B", False),
+                 Sampled(4, b"y", False)]
+    out = s.update(plan, result)
+    # Two guesses confirmed before the stop string; the last token is never taken.
+    assert (a.output, a.n_computed, a.spec_cap) == ([7, 1, 2, 3], 7, 7)
+    assert [e.text for _, e in out.events if isinstance(e, TokenEvent)] == ["x"]
+    (ending,) = out.ended
+    assert isinstance(ending.event, FinishEvent) and ending.event.stop == "AB"
+    assert a.finish_reason == "stop" and ending.slot is not None and ending.park is None
+
+
+def test_an_error_in_a_step_ends_only_its_request():
+    s = Scheduler(SchedulerConfig(4, 64, tile=1))
+    a, b = seq(4), seq(4)
+    for x in (a, b):
+        s.add(x)
+    s.admit()
+    plan = s.schedule()
+    result = StepResult()
+    for w in plan:
+        result.of(w.seq).computed = len(w.tokens)
+        result.of(w.seq).sampled = [Sampled(7, b"x", False)]
+    result.of(b).error = ValueError("sampler exploded")
+    out = s.update(plan, result)
+    assert [e.seq for e in out.ended] == [b] and isinstance(out.ended[0].event, ErrorEvent)
+    assert a.status is Status.DECODING and a.output == [7]
+    assert s.make_stats().requests["error"] == 1

@@ -10,9 +10,10 @@ from array import array
 import pytest
 from near_tie import assert_same_until_near_tie, top_from_engine
 
+from llmctl.runtime.engine.plan import Sampled, StepResult
 from llmctl.runtime.engine.scheduler import Scheduler, SchedulerConfig
 from llmctl.runtime.engine.sequence import Sequence, Status
-from llmctl.runtime.engine.speculate import propose_into
+from llmctl.runtime.engine.speculate import Records, propose_into
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.runtime.speculation.ngram import CANDIDATES, MATCH_MAX, NGRAM_MIN, NgramProposer, ngram_guess
@@ -101,22 +102,29 @@ def test_the_draft_shrinks_as_the_batch_fills(n_seqs, per_seq):
     s = Scheduler(SchedulerConfig(32, 512, spec=SpecConfig("ngram", 8, 1), tile=1))
     decoding(s, n_seqs)
     plan = s.schedule()
-    propose_into(plan, NgramProposer())     # the engine fills the room the scheduler gave
-    assert len(plan) == n_seqs
+    # The engine fills the room the scheduler gave.
+    work, _ = propose_into(list(plan), NgramProposer(), Records())
+    assert len(work) == n_seqs
     # Every sequence's text is 7 8 9 7 8 9: the guess is 7 8 9 ... cut to the room.
-    assert {len(w.draft) for w in plan} == {min(per_seq, 3)}
+    assert {len(w.draft) for w in work} == {min(per_seq, 3)}
 
 
 def test_a_sequence_whose_guesses_fail_checks_one_at_a_time():
     s = Scheduler(SchedulerConfig(32, 512, spec=SpecConfig("draft", 8, 1), tile=1))
     seq, = decoding(s, 1)
+
+    def checked(kept: int) -> int:
+        """The room of the next step after a check of which `kept` held."""
+        plan = s.schedule()
+        result = StepResult()
+        r = result.of(seq)
+        r.computed, r.drafted = 1, plan[0].room
+        r.sampled = [Sampled(5, b"x", False)] * (kept + 1)
+        s.update(plan, result)
+        return s.schedule()[0].room
+
     assert s.schedule()[0].room == 8
-    s.record_spec(seq, 0)
-    assert s.schedule()[0].room == 1
-    s.record_spec(seq, 1)
-    assert s.schedule()[0].room == 3
-    s.record_spec(seq, 3)
-    assert s.schedule()[0].room == 7
+    assert [checked(0), checked(1), checked(3)] == [1, 3, 7]
 
 
 def test_no_guesses_while_a_prompt_waits_to_be_computed():
@@ -124,9 +132,8 @@ def test_no_guesses_while_a_prompt_waits_to_be_computed():
     decoding(s, 1)
     s.add(Sequence(prompt=list(range(100)), params=SamplingParams(), max_new=8))
     s.admit()
-    plan = s.schedule()
-    propose_into(plan, NgramProposer())
-    assert all(not w.draft for w in plan)
+    work, _ = propose_into(list(s.schedule()), NgramProposer(), Records())
+    assert all(not w.draft for w in work)
 
 
 # ---- exactness through the engine ------------------------------------------------------

@@ -92,6 +92,19 @@ def test_layers_point_down():
     assert {f: m for f, m in leaks.items() if m} == {}
 
 
+def test_the_prefix_cache_decides_and_the_kv_manager_acts():
+    """prefix_cache/ imports no engine (the engine imports it), and the
+    engine's KV changes only in runtime/engine/kv.py (a draft model's own
+    context aside)."""
+    leaks = {rel(p): sorted(m for m in imports(p) if m.startswith("llmctl.runtime.engine"))
+             for p in sources("runtime/prefix_cache")}
+    assert {f: m for f, m in leaks.items() if m} == {}
+    kv_call = re.compile(r"\.(seq_rm|seq_cp|seq_add|state_set|state_get)\(")
+    callers = {rel(p) for p in sources("runtime", "server", "cli") if kv_call.search(p.read_text())}
+    assert {f for f in callers if not f.startswith("runtime/llama/")} == \
+        {"runtime/engine/kv.py", "runtime/speculation/draft.py"}
+
+
 def test_the_package_links_name_every_folder():
     """llmctl/<folder> is how editors and mypy see each subpackage."""
     for folder in PACKAGES[1:]:

@@ -1,11 +1,13 @@
 """Who runs next, and with how many tokens. Plain Python with no llama.cpp
 in sight, so every decision is unit-tested without a model.
 
-Each step every decoding sequence gets one token, then prompt chunks fill
-the rest of the token budget, oldest request first. Feeding prompts one
-after another (rather than a slice of each) makes the first request's first
-token come soonest, and never stalls running streams for longer than one
-budget's worth of prefill.
+Each step is a StepPlan (plan.py): the KV to attach first for sequences
+just admitted (the prefix cache's plans), then a token per decoding
+sequence, then prompt chunks in the rest of the token budget, oldest
+request first. Feeding prompts one after another (rather than a slice of
+each) makes the first request's first token come soonest, and never stalls
+running streams for longer than one budget's worth of prefill. The runner
+carries the plan out; `update` (lifecycle.py) applies its result.
 
 The slots themselves (free, parked with KV, prefix plans) are the slot
 table's (slots.py). Prompts are cut by prefix_cache.rule's tile rule, so
@@ -20,17 +22,24 @@ decoding sequence `room` for guesses, which a proposer then fills in
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Protocol
 
 from llmctl.errors import QueueFull
 from llmctl.runtime.batching import CPU_STEP_TOKENS, ENGINE_MAX_QUEUE, SERVE_MAX_NUM_SEQS, UBATCH_TOKENS
+from llmctl.runtime.engine.lifecycle import Lifecycle
+from llmctl.runtime.engine.output import Output
+from llmctl.runtime.engine.plan import Attach, StepPlan, Work, expected
 from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.engine.slots import SlotTable
 from llmctl.runtime.engine.stats import Stats, StatsCollector
 from llmctl.runtime.prefix_cache.rule import TILE
 from llmctl.runtime.speculation.spec_config import SpecConfig
+
+if TYPE_CHECKING:
+    from llmctl.runtime.prefix_cache.cache import AttachPlan
+    from llmctl.runtime.prefix_cache.reuse import Reuse
 
 
 @dataclass(frozen=True)
@@ -56,29 +65,28 @@ class SchedulerConfig:
     n_ctx_seq: int = 1 << 30    # a sequence's KV room: guesses must fit it
 
 
-@dataclass
-class Work:
-    """One sequence's share of a step: tokens to compute from `pos`."""
+class AttachPlanner(Protocol):
+    """What the scheduler asks the prefix cache (prefix_cache/cache.py)."""
 
-    seq: Sequence
-    tokens: list[int]
-    pos: int            # position of tokens[0] in the sequence
-    sample: bool        # this chunk ends the known tokens: sample after it
-    draft: list[int] = field(default_factory=list)  # guesses after tokens[0], a proposer's
-    room: int = 0       # guesses the budget allows this step (speculation)
-    decode: bool = False  # a decoding sequence's step (its last token, and any draft)
-    alone: bool = False   # a tile-rule chunk: computed in a llama_decode call of its own
+    def plan_attach(self, seq_id: int, slot: int, prompt: list[int], kv_src: tuple[int, int],
+                    moved: Reuse | None) -> AttachPlan: ...
 
 
-class Scheduler:
+class Scheduler(Lifecycle):
     """Owns the request lifecycle: the waiting queue, each sequence's
-    Status, the slot table, the token budget and the statistics.
+    Status, the slot table, the token budget and the statistics; `cache`
+    (the prefix cache, with prefix sharing) plans where new KV comes from,
+    `splicing` says whether runs past a difference can be moved.
 
     `add`, `cancel`, `counts` and `make_stats` may be called from any
     thread; everything else runs on the engine thread."""
 
-    def __init__(self, cfg: SchedulerConfig):
+    def __init__(self, cfg: SchedulerConfig, cache: AttachPlanner | None = None,
+                 splicing: bool = False):
         self.cfg = cfg
+        self.cache, self.splicing = cache, splicing
+        self._to_attach: list[Sequence] = []        # admitted, their KV not yet planned
+        self._outputs: dict[int, Output] = {}       # each running sequence's text so far
         self._lock = threading.Lock()       # guards _waiting against add()
         self._waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -112,15 +120,6 @@ class Scheduler:
     def counts(self) -> tuple[int, int, int, int]:
         """(running, waiting, parked slots, free slots)."""
         return (len(self.running), len(self._waiting), *self.slots.counts())
-
-    @staticmethod
-    def record_spec(seq: Sequence, accepted: int) -> None:
-        """Set the sequence's next guess cap after a check under a forced
-        mode (auto measures instead: speculation/adaptive.py): a checked
-        row costs a good part of a decode step (docs/speculation.md), so a
-        sequence whose guesses keep failing checks one at a time, and one
-        whose guesses hold doubles its cap."""
-        seq.spec_cap = 2 * accepted + 1
 
     def make_stats(self) -> Stats:
         return self._stats.snapshot(*self.counts())
@@ -158,10 +157,19 @@ class Scheduler:
             seq.kv_src = (seq.slot, n_in_place)
             seq.status = Status.PREFILLING
             self.running.append(seq)
+            self._outputs[seq.id] = Output(seq.params)
             if self.cfg.prefix_sharing:
                 self.slots.plan_prefix(seq, self.running)
             admitted.append(seq)
+        # Those not waiting for a leader get their KV at the next plan.
+        self._to_attach += [s for s in admitted if s.status is Status.PREFILLING]
         return admitted
+
+    @staticmethod
+    def opened(seq: Sequence, on_backend: bool) -> None:
+        """The runner made the sequence's sampler chain, in llama.cpp's
+        graph (`on_backend`) or on the host."""
+        seq.backend_sampled = on_backend
 
     def release_waiters(self) -> list[Sequence]:
         """Sequences whose leader has computed what they wait for (or is
@@ -170,9 +178,12 @@ class Scheduler:
 
     # ---- engine thread: steps ---------------------------------------------------
 
-    def schedule(self) -> list[Work]:
-        """Plan one step: a token per decoding sequence, then prompt chunks,
-        oldest first, up to the token budget.
+    def schedule(self) -> StepPlan:
+        """Plan one step: the KV to attach for sequences admitted (or
+        released by their leader) since the last plan, a token per decoding
+        sequence, then prompt chunks, oldest first, up to the token budget.
+        A new sequence's chunk starts where its KV plan's first choice
+        leaves it (the runner holds the chunk back if the plan falls back).
 
         With a tile rule, a chunk of a long prompt is marked `alone`: the
         engine gives it a llama_decode call of its own. With one KV stream
@@ -180,6 +191,8 @@ class Scheduler:
         the neighbouring slots' decode rows, each with as many rows as the
         shortest has, and so compute its first row by another kernel. A call
         of its own keeps the neighbours decoding in the same step."""
+        attach = self._plan_attaches()
+        start = {a.seq.id: a.expect for a in attach}
         decoding = [seq for seq in self.running if seq.status is Status.DECODING]
         budget = self.cfg.max_num_batched_tokens - len(decoding)
         chunks: list[Work] = []
@@ -188,18 +201,32 @@ class Scheduler:
                 break
             if seq.status is not Status.PREFILLING:
                 continue
-            n = self._chunk(seq, budget)
+            at = start.get(seq.id, seq.n_computed)
+            n = self._chunk(seq, at, budget)
             if n == 0 and not chunks and not decoding:
                 n = min(budget, self.cfg.max_chunk)    # progress over exactness (tiny budgets)
             if n == 0:
                 continue
-            done = seq.n_computed + n >= len(seq.prompt)
             alone = self.cfg.tile > 1 and len(seq.prompt) >= self.cfg.tile
-            chunks.append(Work(seq, seq.prompt[seq.n_computed:seq.n_computed + n],
-                               seq.n_computed, done, alone=alone))
+            chunks.append(Work(seq, seq.prompt[at:at + n], at, at + n >= len(seq.prompt),
+                               alone=alone, on_backend=seq.backend_sampled))
             budget -= n
         k = self._guess_budget(len(decoding), bool(chunks))
-        return [self._decode_work(seq, k) for seq in decoding] + chunks
+        return StepPlan(tuple(attach), tuple([self._decode_work(seq, k) for seq in decoding]
+                                             + chunks))
+
+    def _plan_attaches(self) -> list[Attach]:
+        """The KV plans of the sequences to attach, and what each plan's
+        first choice leaves computed (plan.expected)."""
+        seqs, self._to_attach = self._to_attach, []
+        if self.cfg.prefix_sharing:
+            seqs += self.release_waiters()      # their leader has computed their prefix
+        seqs = [s for s in seqs if s.status is Status.PREFILLING]
+        if self.cache is None or not seqs:
+            return []
+        plans = [self.cache.plan_attach(s.id, s.slot, s.prompt, s.kv_src, s.moved) for s in seqs]
+        return [Attach(s, p, n) for s, p, n in zip(seqs, plans, expected(plans, self.splicing),
+                                                    strict=True)]
 
     def _guess_budget(self, n_decoding: int, prefilling: bool) -> int:
         """Guesses per decoding sequence this step: none while prompts wait
@@ -220,12 +247,14 @@ class Scheduler:
                    self.cfg.n_ctx_seq - len(seq.prompt) - len(seq.output) - 1)
         if room < self.cfg.spec.draft_min or seq.backend_sampled:
             room = 0        # a chain in the graph samples one row per sequence
-        return Work(seq, [seq.output[-1]], seq.n_computed, True, room=room, decode=True)
+        return Work(seq, [seq.output[-1]], seq.n_computed, True, room=room, decode=True,
+                    on_backend=seq.backend_sampled)
 
-    def _chunk(self, seq: Sequence, budget: int) -> int:
-        """How many prompt tokens to compute now: all that are left if they
-        fit, else a cut that leaves both sides at least a tile (0: none fits)."""
-        rest = len(seq.prompt) - seq.n_computed
+    def _chunk(self, seq: Sequence, at: int, budget: int) -> int:
+        """How many prompt tokens to compute now, from `at`: all that are
+        left if they fit, else a cut that leaves both sides at least a tile
+        (0: none fits)."""
+        rest = len(seq.prompt) - at
         cap = min(budget, self.cfg.max_chunk)
         if rest <= cap:
             return rest
@@ -234,48 +263,6 @@ class Scheduler:
         n = min(cap, rest - self.cfg.tile)
         return n if n >= self.cfg.tile else 0
 
-    @staticmethod
-    def on_computed(seq: Sequence, n: int) -> None:
-        """`n` more of the sequence's tokens are now in its KV."""
-        seq.n_computed += n
-
-    @staticmethod
-    def on_token(seq: Sequence, token: int) -> None:
-        """A token was sampled: the sequence decodes from now on."""
-        if seq.first_token_at is None:
-            seq.first_token_at = time.perf_counter()
-        seq.output.append(token)
-        seq.status = Status.DECODING
-
-    def finish(self, seq: Sequence, reason: str, park: list[int] | None = None) -> float:
-        """End a request and count it; returns when it finished. Its slot is
-        parked with `park`, the tokens whose KV it still holds, or freed
-        (then its KV is the engine's to clear)."""
-        if seq.status is Status.FINISHED and seq.finished_at is not None:
-            return seq.finished_at
-        had_slot = seq.status.has_slot
-        seq.status = Status.FINISHED
-        seq.finish_reason = seq.finish_reason or reason
-        seq.finished_at = now = time.perf_counter()
-        if had_slot:
-            self.running.remove(seq)
-            self.slots.give_back(seq, park)
-        else:
-            with self._lock:
-                if seq in self._waiting:
-                    self._waiting.remove(seq)
-        outcome = reason if reason in ("error", "cancelled") else "ok"
-        first = seq.first_token_at
-        self._stats.record(outcome, len(seq.prompt), seq.n_cached,
-                           seq.n_cached if seq.cached_from_disk else 0, len(seq.output),
-                           None if first is None else first - seq.arrived,
-                           0.0 if first is None else now - first)
-        return now
-
-    def should_park(self, seq: Sequence) -> bool:
-        return (self.cfg.prefix_sharing and seq.status is not Status.WAITING_PREFIX
-                and seq.n_computed > 0)
-
     def parked_slots(self) -> dict[int, list[int]]:
         """Parked slots, least recently used first, with the tokens in their KV."""
         return self.slots.parked_slots()
@@ -283,14 +270,19 @@ class Scheduler:
     def is_free(self, slot: int) -> bool:
         return self.slots.is_free(slot)
 
-    @staticmethod
-    def stop_reason(seq: Sequence, token: int, is_eog: bool, n_ctx_seq: int) -> str | None:
-        """Why a sequence ends after sampling `token`, or None to go on."""
-        if is_eog and not seq.params.ignore_eos:
-            return "stop"
-        if len(seq.output) >= seq.max_new:
-            return "length"
-        if len(seq.prompt) + len(seq.output) >= n_ctx_seq:
-            return "length"
-        return None
 
+def split_work(work: list[Work]) -> tuple[list[Work], list[Work]] | None:
+    """Two halves of a step's work that is worth retrying smaller: by
+    items, or a lone prompt chunk by tokens. None when it is one token
+    already."""
+    if len(work) > 1:
+        mid = len(work) // 2
+        return work[:mid], work[mid:]
+    w = work[0]
+    if w.draft:         # retry without the guesses: a step of one token
+        return [replace(w, tokens=w.tokens[:1], draft=[])], []
+    if len(w.tokens) < 2:
+        return None
+    mid = len(w.tokens) // 2
+    return ([replace(w, tokens=w.tokens[:mid], sample=False)],
+            [replace(w, tokens=w.tokens[mid:], pos=w.pos + mid)])

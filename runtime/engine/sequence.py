@@ -16,7 +16,6 @@ from llmctl.runtime.sampling import SamplingParams
 if TYPE_CHECKING:
     from llmctl.runtime.engine.events import Event
     from llmctl.runtime.prefix_cache.reuse import Reuse
-    from llmctl.runtime.speculation.adaptive import SeqSpec
 
 _ids = itertools.count(1)
 
@@ -58,7 +57,6 @@ class Sequence:
     wait_until: int = 0                 # ...until the leader has computed this many tokens
     output: list[int] = field(default_factory=list)
     spec_cap: int = 64                  # most guesses its next step may check (speculation)
-    spec: SeqSpec | None = None         # ...and what its guesses were worth (--spec auto)
     backend_sampled: bool = False       # llama.cpp samples it in the graph: one row a step
     cancelled: bool = False
     finish_reason: str | None = None
