@@ -126,3 +126,12 @@ def test_the_wheel_lists_every_subpackage():
             name = "llmctl." + ".".join(rel_dir.parts)
             assert name in listed, f"{name} is not in pyproject.toml's packages"
             assert tool["package-dir"][name] == str(rel_dir), name
+
+
+def test_the_architecture_page_lists_the_tree_as_it_is():
+    import subprocess
+    import sys
+
+    tree = subprocess.run([sys.executable, str(ROOT / "scripts/module_tree.py"), "--markdown"],
+                          capture_output=True, text=True, check=True, timeout=60).stdout
+    assert tree in (ROOT / "docs/architecture.md").read_text()
