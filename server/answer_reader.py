@@ -6,7 +6,8 @@ The model's text is read by the tool-call parser (runtime/formats): plain
 text, a thought, and tool calls in the model's own syntax. A whole answer
 is read as the same events as a streamed one, so a stream adds up to the
 body. `ToolCallEnd` carries the whole call, for protocols whose calls
-travel whole (Ollama) or close with their arguments (Responses)."""
+travel whole (Ollama) or close with their arguments (Responses). Text and
+thought deltas are the parser's own (TextDelta, ThinkingDelta)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from typing import Iterable, Union
 
 from llmctl.runtime.engine.events import FinishEvent, Usage
 from llmctl.runtime.formats.tool_calls import (
-    ContentDelta,
     Delta,
-    ReasoningDelta,
+    TextDelta,
+    ThinkingDelta,
     ToolCall,
     ToolCallDelta,
     ToolCallDone,
@@ -41,20 +42,6 @@ class ToolSetup:
     reasoning: bool = True
     started_in_thought: bool = False
     constrained: bool = False
-
-
-@dataclass(frozen=True)
-class TextDelta:
-    """Answer text, outside thoughts and tool calls."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class ThinkingDelta:
-    """Text of the answer's thought."""
-
-    text: str
 
 
 @dataclass(frozen=True)
@@ -168,11 +155,11 @@ class AnswerReader:
     def _events(self, deltas: list[Delta]) -> list[AnswerEvent]:
         out: list[AnswerEvent] = []
         for d in deltas:
-            if isinstance(d, ContentDelta):
+            if isinstance(d, TextDelta):
                 if d.text:
-                    out.append(TextDelta(d.text))
-            elif isinstance(d, ReasoningDelta):
-                out.append(ThinkingDelta(d.text))
+                    out.append(d)
+            elif isinstance(d, ThinkingDelta):
+                out.append(d)
             elif d.index > 0 and not self.parallel:
                 continue
             elif isinstance(d, ToolCallDone):

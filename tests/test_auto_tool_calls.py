@@ -20,7 +20,7 @@ import pytest
 from conftest import qwen_server
 from llmctl.errors import LlmctlError
 from llmctl.runtime.formats.grammar import tool_call_grammar
-from llmctl.runtime.formats.tool_calls import ContentDelta, ToolCallStream, ToolFormat, collect
+from llmctl.runtime.formats.tool_calls import TextDelta, ToolCallStream, ToolFormat, collect
 from llmctl.runtime.formats.tool_schema import validate_tools
 from llmctl.runtime.formats.tool_shapes import CALL_OPENING, CALL_OPENING_MAX
 from llmctl.runtime.llama.grammar_budget import GrammarBudget
@@ -86,7 +86,7 @@ def test_a_bare_call_is_held_until_the_answer_ends():
     stream = ToolCallStream(H, NAMES)
     assert stream.feed(CALL + "\n") == []
     first = stream.feed("It is")
-    assert first == [ContentDelta(CALL + "\nIt is")]   # decided: content at once
+    assert first == [TextDelta(CALL + "\nIt is")]   # decided: content at once
     assert collect(first + stream.feed(" sunny.") + stream.finish()).content == CALL + "\nIt is sunny."
 
 
@@ -97,10 +97,10 @@ def test_after_an_echoed_call_a_tagged_call_is_still_a_call():
 
 def test_json_content_streams_without_waiting_for_its_end():
     stream = ToolCallStream(H, NAMES)
-    assert stream.feed('{"ci') == [ContentDelta('{"ci')]
+    assert stream.feed('{"ci') == [TextDelta('{"ci')]
     stream = ToolCallStream(H, NAMES)
     assert stream.feed('{ "nam') == []          # may still open a call: held until decided
-    assert stream.feed('es": 1') == [ContentDelta('{ "names": 1')]
+    assert stream.feed('es": 1') == [TextDelta('{ "names": 1')]
 
 
 def test_no_tool_allowed_keeps_a_call_object_as_content():

@@ -17,7 +17,7 @@ import pytest
 from conftest import qwen_server
 from llmctl.runtime.formats.call_stream import arguments_object
 from llmctl.runtime.formats.tool_calls import (
-    ContentDelta,
+    TextDelta,
     ToolCallDelta,
     ToolCallDone,
     ToolCallStream,
@@ -163,7 +163,7 @@ def test_arguments_object_reads_what_a_cut_call_wrote(text, value):
 def test_no_argument_text_leaks_into_content():
     text = f"<tool_call>\n{WEATHER}\n</tool_call>"
     deltas, _ = streamed(list(text))
-    assert not [d for d in deltas if isinstance(d, ContentDelta)]
+    assert not [d for d in deltas if isinstance(d, TextDelta)]
 
 
 # ---- a real server ---------------------------------------------------------

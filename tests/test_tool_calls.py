@@ -6,9 +6,9 @@ import pytest
 from llmctl.errors import InvalidParams
 from llmctl.runtime.formats.reasoning import ThinkSplitter, opens_thought
 from llmctl.runtime.formats.tool_calls import (
-    ContentDelta,
     ParsedMessage,
-    ReasoningDelta,
+    TextDelta,
+    ThinkingDelta,
     ToolCallDelta,
     ToolCallDone,
     ToolCallStream,
@@ -178,18 +178,18 @@ def test_fenced_calls_only_for_hermes_and_when_a_call_is_allowed():
 def test_fence_prefix_is_held_only_until_decided():
     stream = ToolCallStream(H, NAMES)
     assert stream.feed(" ``") == []
-    assert stream.feed("`pyt") == [ContentDelta("```pyt")]
+    assert stream.feed("`pyt") == [TextDelta("```pyt")]
     stream = ToolCallStream(H, NAMES)
     assert stream.feed("```json\n  ") == []
-    assert stream.feed("Hello") == [ContentDelta("```json\n  Hello")]
+    assert stream.feed("Hello") == [TextDelta("```json\n  Hello")]
     stream = ToolCallStream(H, NAMES)
     assert stream.feed("```json\n{") == [] and stream.feed(WEATHER[1:] + "\n``") == []
     head, args, done, text = stream.feed("`\nok")
     assert (head.name, args.arguments, done, text) == (
-        "get_weather", '{"city":"Paris","unit":"C"}', ToolCallDone(0), ContentDelta("ok"))
+        "get_weather", '{"city":"Paris","unit":"C"}', ToolCallDone(0), TextDelta("ok"))
     assert stream.finish() == []
     # With no tool allowed a fence can't be a call: nothing is held.
-    assert ToolCallStream(H, set()).feed("```json\n{") == [ContentDelta("```json\n{")]
+    assert ToolCallStream(H, set()).feed("```json\n{") == [TextDelta("```json\n{")]
 
 
 def test_llama3_json_calls_with_separators_and_python_tag():
@@ -253,7 +253,7 @@ def test_think_splitter_parts_rejoin_to_the_input():
 def test_streamed_call_shape_matches_openai():
     stream = ToolCallStream(H, NAMES, new_id=ids())
     deltas = stream.feed("Hi <tool_") + stream.feed(f"call>{WEATHER}</tool_call>") + stream.finish()
-    assert deltas[0] == ContentDelta("Hi")
+    assert deltas[0] == TextDelta("Hi")
     first, args, done = deltas[1:]
     assert done == ToolCallDone(0)
     assert first.to_openai() == {"index": 0, "id": first.id, "type": "function",
@@ -263,8 +263,8 @@ def test_streamed_call_shape_matches_openai():
 
 def test_marker_prefix_is_held_back_until_decided():
     stream = ToolCallStream(H, NAMES)
-    assert stream.feed("Hi <tool_c") == [ContentDelta("Hi")]
-    assert stream.feed("ar") == [ContentDelta(" <tool_car")]
+    assert stream.feed("Hi <tool_c") == [TextDelta("Hi")]
+    assert stream.feed("ar") == [TextDelta(" <tool_car")]
     assert stream.finish() == []
 
 
@@ -312,7 +312,7 @@ def test_streaming_equals_whole_parse_for_any_chunking(fmt, text, reasoning):
         deltas = [d for c in chunks for d in stream.feed(c)] + stream.finish()
         assert collect(deltas) == whole, chunks
         for d in deltas:  # a call's id and name come once, before its arguments
-            assert isinstance(d, (ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallDone))
+            assert isinstance(d, (TextDelta, ThinkingDelta, ToolCallDelta, ToolCallDone))
         heads = [d.index for d in deltas if isinstance(d, ToolCallDelta) and d.id]
         assert heads == list(range(len(whole.tool_calls)))
         # ... and each call ends once, after its last arguments.

@@ -30,6 +30,7 @@ from llmctl.runtime.engine.plan import (
 from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.engine.slots import SlotTable
 from llmctl.runtime.engine.stats import StatsCollector
+from llmctl.runtime.speculation.spec_config import next_cap
 
 if TYPE_CHECKING:
     from llmctl.runtime.engine.scheduler import SchedulerConfig
@@ -82,11 +83,8 @@ class Lifecycle:
         seq = w.seq
         seq.n_computed += r.computed
         if r.drafted:
-            # A forced mode's next guess cap (auto measures instead:
-            # speculation/adaptive.py): a checked row costs a good part of
-            # a decode step, so a sequence whose guesses keep failing
-            # checks one at a time, and one whose guesses hold doubles it.
-            seq.spec_cap = 2 * r.kept + 1
+            # A forced mode's cap (auto keeps its own: adaptive.py).
+            seq.spec_cap = next_cap(r.kept, probe=1)
         if r.sampled and not seq.output and self.cfg.prefix_sharing:
             out.prefilled.append(seq)       # its prompt's state, for the disk
         for i, s in enumerate(r.sampled):

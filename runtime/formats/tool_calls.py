@@ -33,10 +33,10 @@ from llmctl.runtime.formats.call_stream import GrammarSections, whole_calls
 from llmctl.runtime.formats.reasoning import ThinkSplitter, partial_marker_len
 from llmctl.runtime.formats.stream_scan import Brackets, Trimmed
 from llmctl.runtime.formats.tool_shapes import (
-    ContentDelta,
     Delta,
     ParsedMessage,
-    ReasoningDelta,
+    TextDelta,
+    ThinkingDelta,
     ToolCall,
     ToolCallDelta,
     ToolCallDone,
@@ -46,7 +46,7 @@ from llmctl.runtime.formats.tool_shapes import (
     detect_format,
 )
 
-__all__ = ["ContentDelta", "Delta", "ParsedMessage", "ReasoningDelta", "ToolCall",
+__all__ = ["TextDelta", "Delta", "ParsedMessage", "ThinkingDelta", "ToolCall",
            "ToolCallDelta", "ToolCallDone", "ToolCallStream", "ToolFormat", "call_id_factory", "collect",
            "detect_format", "parse_tool_calls"]
 
@@ -77,7 +77,7 @@ class ToolCallStream(GrammarSections):
     `cut` says the output stopped inside one (see call_stream.GrammarSections).
 
     `tool_names`: names a call may use; None accepts any, an empty set none.
-    `reasoning`: a leading <think>…</think> goes to ReasoningDeltas; when
+    `reasoning`: a leading <think>…</think> goes to ThinkingDeltas; when
     False it stays in the content verbatim. Either way it is never parsed
     for tool calls. `started_in_thought`: the prompt already opened the
     thought (see reasoning.opens_thought). `new_id`: the id source, by
@@ -121,9 +121,9 @@ class ToolCallStream(GrammarSections):
                     pass
             elif self._reasoning:
                 if kind == "thought":
-                    self._emit(ReasoningDelta, self._thought.push(part))
+                    self._emit(ThinkingDelta, self._thought.push(part))
             else:
-                self._emit(ContentDelta, self._content.push(part))
+                self._emit(TextDelta, self._content.push(part))
         if final:
             while getattr(self, "_in_" + self._mode)(final):
                 pass
@@ -134,13 +134,13 @@ class ToolCallStream(GrammarSections):
         if not text:
             return
         last = self._out[-1] if self._out else None
-        if isinstance(last, (ContentDelta, ReasoningDelta)) and type(last) is kind:
+        if isinstance(last, (TextDelta, ThinkingDelta)) and type(last) is kind:
             self._out.pop()
             text = last.text + text
         self._out.append(kind(text))
 
     def _say(self, text: str) -> None:
-        self._emit(ContentDelta, self._content.push(text))
+        self._emit(TextDelta, self._content.push(text))
 
     def _open_section(self, mode: str, raw: str, fenced: bool = False) -> bool:
         self._mode, self._raw, self._scan, self._head = mode, raw, None, None

@@ -90,14 +90,14 @@ class ParsedMessage:
 
 
 @dataclass(frozen=True)
-class ContentDelta:
+class TextDelta:
     """Streamed answer text, outside tool calls and reasoning."""
 
     text: str
 
 
 @dataclass(frozen=True)
-class ReasoningDelta:
+class ThinkingDelta:
     """Streamed reasoning (thinking) text."""
 
     text: str
@@ -128,7 +128,7 @@ class ToolCallDone:
     index: int
 
 
-Delta = Union[ContentDelta, ReasoningDelta, ToolCallDelta, ToolCallDone]
+Delta = Union[TextDelta, ThinkingDelta, ToolCallDelta, ToolCallDone]
 
 
 def collect(deltas: list[Delta]) -> ParsedMessage:
@@ -138,9 +138,9 @@ def collect(deltas: list[Delta]) -> ParsedMessage:
     heads: dict[int, tuple[str, str]] = {}      # index -> id, name
     arguments: dict[int, str] = {}
     for d in deltas:
-        if isinstance(d, ContentDelta):
+        if isinstance(d, TextDelta):
             content.append(d.text)
-        elif isinstance(d, ReasoningDelta):
+        elif isinstance(d, ThinkingDelta):
             reasoning.append(d.text)
         elif isinstance(d, ToolCallDone):
             continue

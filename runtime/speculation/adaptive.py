@@ -38,6 +38,8 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 
+from llmctl.runtime.speculation.spec_config import next_cap
+
 # Rows per step whose cost is tracked: guesses beyond it are not checked.
 MAX_ROWS = 128
 # Weight of a new step time in its row count's moving average, and how
@@ -343,7 +345,7 @@ class Controller:
     def record(self, record: SeqSpec, kind: int, drafted: int, kept: int) -> None:
         """Count a checked proposal for the sequence and the engine, and
         set the sequence's next cap from the run it kept."""
-        record.cap = 2 * kept + PROBE_GUESSES
+        record.cap = next_cap(kept, PROBE_GUESSES)
         record.evidence.add(kind, drafted, kept)
         self.engine.add(kind, drafted, kept, ENGINE_HORIZON)
 

@@ -16,6 +16,16 @@ P_MIN = 0.75
 MODES = (None, "auto", "ngram", "draft")
 
 
+def next_cap(kept: int, probe: int) -> int:
+    """The most guesses a sequence's next check may take after one of
+    which `kept` held: twice that run, and `probe` more to learn whether a
+    longer one would hold (1 under a forced mode; auto probes with its own,
+    adaptive.py). A checked row costs a good part of a decode step on a
+    CPU (docs/speculation.md), so guesses that keep failing are checked a
+    few at a time, and a cap whose guesses hold doubles."""
+    return 2 * kept + probe
+
+
 def default_draft_max(mode: str | None) -> int:
     """The most guesses per step when --draft-max is not given."""
     return AUTO_DRAFT_MAX if mode == "auto" else DRAFT_MAX
