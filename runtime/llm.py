@@ -40,7 +40,7 @@ DEFAULT_CTX = 4096
 # a huge prompt is refused without allocating a token array for it.
 MAX_CHARS_PER_TOKEN = 128
 
-__all__ = ["LLM", "LoadOptions", "Completion", "AsyncStream"]
+__all__ = ["LLM", "LoadOptions", "Completion", "EventFeed"]
 
 
 @dataclass
@@ -314,7 +314,7 @@ class LLM:
                                   event.tokens_per_s, event.duration_s, logprobs)
         raise RuntimeError("engine stream ended without a finish event")
 
-    def open_stream(self, tokens: list[int], params: SamplingParams) -> "AsyncStream":
+    def open_feed(self, tokens: list[int], params: SamplingParams) -> "EventFeed":
         """Submit a request for an asyncio consumer (call it on the event
         loop). Raises what Engine.submit raises, before anything streams."""
         loop = asyncio.get_running_loop()
@@ -322,8 +322,8 @@ class LLM:
         if bridge is None or bridge.loop is not loop:
             bridge = self._bridges[id(loop)] = EventBridge(loop)
         events: asyncio.Queue = asyncio.Queue()
-        return AsyncStream(self.engine, self.engine.submit(tokens, params, bridge.sink(events)),
-                           events)
+        return EventFeed(self.engine, self.engine.submit(tokens, params, bridge.sink(events)),
+                         events)
 
     def stats(self) -> Stats:
         """The engine's counters: the one source for every stats view."""
@@ -343,7 +343,7 @@ class LLM:
         self.close()
 
 
-class AsyncStream:
+class EventFeed:
     """One submitted request's events, read on an event loop: batches of
     TokenEvents ending with one FinishEvent or ErrorEvent. Closing it before
     the end (or leaving its `async with`) cancels the request, which frees
@@ -382,7 +382,7 @@ class AsyncStream:
             self.done = True
             self._engine.cancel(self.seq)
 
-    async def __aenter__(self) -> "AsyncStream":
+    async def __aenter__(self) -> "EventFeed":
         return self
 
     async def __aexit__(self, *exc) -> None:

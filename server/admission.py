@@ -33,7 +33,7 @@ from llmctl.server.errors import error_response
 from llmctl.server.workers import ServerBusy
 
 if TYPE_CHECKING:
-    from llmctl.runtime.llm import AsyncStream
+    from llmctl.runtime.llm import EventFeed
 
 MB = 1 << 20
 DEFAULT_MAX_QUEUED = SERVE_MAX_QUEUED
@@ -84,12 +84,12 @@ class Ticket:
     arrived: float = field(default_factory=time.monotonic)
     charge: int = PER_REQUEST_BYTES     # bytes counted against the budget while queued
     model: str | None = None            # once the request names (or defaults to) one
-    streams: list[AsyncStream] = field(default_factory=list)  # its generation, once opened
+    feeds: list[EventFeed] = field(default_factory=list)  # its generation, once opened
     queued: bool = True
 
     def holds_slot(self) -> bool:
         """Whether its generation has left the engine's waiting queue."""
-        return bool(self.streams) and not all(s.waiting for s in self.streams)
+        return bool(self.feeds) and not all(s.waiting for s in self.feeds)
 
 
 @dataclass(frozen=True)

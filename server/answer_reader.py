@@ -22,7 +22,7 @@ from llmctl.runtime.formats.tool_calls import (
     ToolCall,
     ToolCallDelta,
     ToolCallDone,
-    ToolCallStream,
+    ToolCallParser,
     ToolFormat,
 )
 
@@ -33,7 +33,7 @@ class ToolSetup:
     call (an empty set: none), whether several calls are allowed, whether a
     leading <think> block is split off as reasoning, and whether the
     tool-call grammar writes the calls (`constrained`: then a call's
-    arguments stream as they are written, see ToolCallStream; a protocol
+    arguments stream as they are written, see ToolCallParser; a protocol
     whose calls travel whole, as Ollama's, leaves it False)."""
 
     fmt: ToolFormat
@@ -94,7 +94,7 @@ class AnswerReader:
         self.setup = setup
         # parallel_tool_calls=false: the first call only
         self.parallel = setup is None or setup.parallel
-        self._parser = None if setup is None else ToolCallStream(
+        self._parser = None if setup is None else ToolCallParser(
             setup.fmt, set(setup.names), setup.reasoning,
             started_in_thought=setup.started_in_thought, constrained=setup.constrained)
         self._open: dict[int, list] = {}     # index -> [id, name, argument pieces]

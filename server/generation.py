@@ -1,7 +1,7 @@
 """One generation's lifecycle, whatever protocol asked for it: lease the
 model, turn the request's tools and formats into sampling parameters and
 render and tokenize its prompt (off the event loop, on the server's
-workers), open its n streams (the admission guard cancels all of it when the
+workers), open its n feeds (the admission guard cancels all of it when the
 client leaves), stream the protocol's frames or collect whole answers, and
 release the lease.
 
@@ -27,7 +27,7 @@ from llmctl.presets import Preset
 from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent
 from llmctl.runtime.engine.logprobs import TokenLogprob
 from llmctl.runtime.formats.tool_calls import ToolFormat
-from llmctl.runtime.llm import LLM, AsyncStream
+from llmctl.runtime.llm import LLM, EventFeed
 from llmctl.runtime.pool.model_pool import Lease
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.server.admission import ticket_of
@@ -199,7 +199,7 @@ async def parse_generation(request: Request, converting: tuple[str, ...],
 async def respond(request: Request, req: GenerationRequest, dialect: Dialect) -> Response:
     """The response to `req` in `dialect`'s frames. Raises, before anything
     is sent, what ServerState.lease raises, InvalidParams (the dialect's,
-    the grammar's, the prompt's), ContextOverflow and what LLM.open_stream
+    the grammar's, the prompt's), ContextOverflow and what LLM.open_feed
     raises. A streamed response releases the lease when its stream ends."""
     state = state_of(request)
     lease = await state.lease(req.model, req.keep_alive)
@@ -230,9 +230,9 @@ async def _on_lease(request: Request, state: ServerState, req: GenerationRequest
     setup = dialect.reading(PromptFacts(name, template.tool_format, template.thinks,
                                         llm.opens_thought(tokens)))
     frames = dialect.frames(Generation(name, leased_at, setup, params, req.n, len(tokens)))
-    merged = Merged(open_streams(llm, tokens, params, req.n))
+    merged = Merged(open_feeds(llm, tokens, params, req.n))
     if ticket is not None:
-        ticket.streams = merged.streams     # it leaves the queue once they hold a slot
+        ticket.feeds = merged.feeds     # it leaves the queue once they hold a slot
     # A client that leaves cancels this handler wherever it waits (the
     # admission guard watches every connection), and `merged` is closed.
     if req.stream:
@@ -272,44 +272,44 @@ def prompt_tokens(llm: LLM, prompt: Prompt, preset: Preset | None = None) -> lis
     return list(prompt.ids)
 
 
-def open_streams(llm: LLM, tokens: list[int], params: SamplingParams,
-                 n: int) -> list[AsyncStream]:
+def open_feeds(llm: LLM, tokens: list[int], params: SamplingParams,
+               n: int) -> list[EventFeed]:
     """n requests for one prompt, submitted together so the prefix sharing
-    computes the prompt once. A request seed gives answer i seed + i: the
-    same answers on a rerun, not n copies of one answer. Raises what
-    LLM.open_stream raises, with the streams opened before it closed."""
-    streams: list[AsyncStream] = []
+    computes the prompt once; each answer's events come on a feed. A
+    request seed gives answer i seed + i: the same answers on a rerun, not
+    n copies of one answer. Raises what LLM.open_feed raises, with the
+    feeds opened before it closed."""
+    feeds: list[EventFeed] = []
     try:
         for i in range(n):
             seed = None if params.seed is None else (params.seed + i) & 0xFFFFFFFF
-            streams.append(llm.open_stream(tokens, params if i == 0 else
-                                           params.replace(seed=seed)))
+            feeds.append(llm.open_feed(tokens, params if i == 0 else params.replace(seed=seed)))
     except BaseException:
-        for stream in streams:
-            stream.close()
+        for feed in feeds:
+            feed.close()
         raise
-    return streams
+    return feeds
 
 
 class Merged:
-    """The events of n streams as (answer index, event) pairs in arrival
-    order. One stream is read directly; several through a pump task each."""
+    """The events of n feeds as (answer index, event) pairs in arrival
+    order. One feed is read directly; several through a pump task each."""
 
-    def __init__(self, streams: list[AsyncStream]):
-        self.streams = streams
+    def __init__(self, feeds: list[EventFeed]):
+        self.feeds = feeds
         self._queue: asyncio.Queue[tuple[int, Event]] | None = None     # n > 1 only
         self._pumps: list[asyncio.Task] = []
 
     async def next_batch(self, timeout: float | None = None) -> list[tuple[int, Event]]:
         """Every pair that has arrived, waiting for at least one. Raises
         TimeoutError when nothing comes within `timeout` seconds."""
-        if len(self.streams) == 1:
-            return [(0, e) for e in await self.streams[0].next_batch(timeout)]
+        if len(self.feeds) == 1:
+            return [(0, e) for e in await self.feeds[0].next_batch(timeout)]
         if self._queue is None:
             queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
             self._queue = queue
-            self._pumps = [asyncio.create_task(self._pump(i, s, queue))
-                           for i, s in enumerate(self.streams)]
+            self._pumps = [asyncio.create_task(self._pump(i, f, queue))
+                           for i, f in enumerate(self.feeds)]
         async with asyncio.timeout(timeout or None):
             batch = [await self._queue.get()]
         while not self._queue.empty():
@@ -317,17 +317,17 @@ class Merged:
         return batch
 
     @staticmethod
-    async def _pump(index: int, stream: AsyncStream, queue: asyncio.Queue) -> None:
-        while not stream.done:
-            for event in await stream.next_batch():
+    async def _pump(index: int, feed: EventFeed, queue: asyncio.Queue) -> None:
+        while not feed.done:
+            for event in await feed.next_batch():
                 queue.put_nowait((index, event))
 
     def close(self) -> None:
-        """Stop the pumps and close every stream (cancelling what still runs)."""
+        """Stop the pumps and close every feed (cancelling what still runs)."""
         for task in self._pumps:
             task.cancel()
-        for stream in self.streams:
-            stream.close()
+        for feed in self.feeds:
+            feed.close()
 
 
 async def _stream(merged: Merged, frames: Frames, keepalive: tuple[str | None, float],
@@ -359,7 +359,7 @@ async def _stream(merged: Merged, frames: Frames, keepalive: tuple[str | None, f
 async def collect(merged: Merged) -> list[Answer] | None:
     """Every stream's whole answer, in order; None when the request was
     cancelled (its client left). Raises the error an ErrorEvent carries."""
-    n = len(merged.streams)
+    n = len(merged.feeds)
     parts: list[list[str]] = [[] for _ in range(n)]
     logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
     answers: list[Answer | None] = [None] * n

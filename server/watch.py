@@ -16,7 +16,7 @@ from llmctl.server.workers import run_on
 
 
 class Closable(Protocol):
-    """What stops when the client leaves: an AsyncStream, a CancelFlag."""
+    """What stops when the client leaves: an EventFeed, a CancelFlag."""
 
     def close(self) -> None: ...
 

@@ -20,7 +20,7 @@ from llmctl.server.admission import (
 from llmctl.server.workers import ServerBusy
 
 
-class FakeStream:
+class FakeFeed:
     def __init__(self, waiting: bool = True):
         self.waiting = waiting
 
@@ -34,7 +34,7 @@ def test_the_count_bound_counts_what_waits_beyond_the_slots():
     assert adm.refused == 1
     adm.release(tickets[0])                                 # one is done: room again
     sixth = adm.admit("anthropic")
-    tickets[1].streams = [FakeStream(waiting=False)]        # holds a slot: not queued
+    tickets[1].feeds = [FakeFeed(waiting=False)]        # holds a slot: not queued
     view = adm.view()
     assert view.in_flight == 5 and view.queued == 4 and sixth.queued and not tickets[1].queued
 
@@ -59,7 +59,7 @@ def test_the_view_counts_what_waits_by_model_and_protocol_and_the_oldest_wait():
     adm = Admission()
     first, second, third = (adm.admit(p) for p in ("openai", "ollama", "openai"))
     first.model, second.model, third.model = "qwen", "qwen", "smollm2"
-    second.streams = [FakeStream(waiting=False), FakeStream(waiting=True)]   # n=2: one runs
+    second.feeds = [FakeFeed(waiting=False), FakeFeed(waiting=True)]   # n=2: one runs
     view = adm.view()
     assert view.queued == 2 and view.by_model == {"qwen": 1, "smollm2": 1}
     assert view.by_protocol == {"openai": 2}

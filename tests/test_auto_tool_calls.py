@@ -20,7 +20,7 @@ import pytest
 from conftest import qwen_server
 from llmctl.errors import LlmctlError
 from llmctl.runtime.formats.grammar import tool_call_grammar
-from llmctl.runtime.formats.tool_calls import TextDelta, ToolCallStream, ToolFormat, collect
+from llmctl.runtime.formats.tool_calls import TextDelta, ToolCallParser, ToolFormat, collect
 from llmctl.runtime.formats.tool_schema import validate_tools
 from llmctl.runtime.formats.tool_shapes import CALL_OPENING, CALL_OPENING_MAX
 from llmctl.runtime.llama.grammar_budget import GrammarBudget
@@ -45,7 +45,7 @@ PRETTY = '{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  
 
 def parsed(text: str, names: set[str] | None = None, chunk: int = 0):
     """The message `text` parses into, whole (chunk 0) or fed `chunk` characters at a time."""
-    stream = ToolCallStream(H, NAMES if names is None else names)
+    stream = ToolCallParser(H, NAMES if names is None else names)
     pieces = [text[i:i + chunk] for i in range(0, len(text), chunk)] if chunk else [text]
     return collect([d for p in pieces for d in stream.feed(p)] + stream.finish())
 
@@ -79,11 +79,11 @@ def test_anything_else_stays_content_byte_for_byte(text):
 
 
 def test_a_bare_call_is_held_until_the_answer_ends():
-    stream = ToolCallStream(H, NAMES)
+    stream = ToolCallParser(H, NAMES)
     assert stream.feed(CALL) == [] and stream.feed("\n ") == []
     (head, args, done) = stream.finish()
     assert (head.name, args.arguments, done.index) == ("get_weather", '{"city":"Paris"}', 0)
-    stream = ToolCallStream(H, NAMES)
+    stream = ToolCallParser(H, NAMES)
     assert stream.feed(CALL + "\n") == []
     first = stream.feed("It is")
     assert first == [TextDelta(CALL + "\nIt is")]   # decided: content at once
@@ -96,9 +96,9 @@ def test_after_an_echoed_call_a_tagged_call_is_still_a_call():
 
 
 def test_json_content_streams_without_waiting_for_its_end():
-    stream = ToolCallStream(H, NAMES)
+    stream = ToolCallParser(H, NAMES)
     assert stream.feed('{"ci') == [TextDelta('{"ci')]
-    stream = ToolCallStream(H, NAMES)
+    stream = ToolCallParser(H, NAMES)
     assert stream.feed('{ "nam') == []          # may still open a call: held until decided
     assert stream.feed('es": 1') == [TextDelta('{ "names": 1')]
 

@@ -1,9 +1,9 @@
-from llmctl.runtime.engine.detok import StopMatcher, Utf8Stream
+from llmctl.runtime.engine.detok import StopMatcher, Utf8Decoder
 
 
 def test_multibyte_character_split_across_tokens_is_emitted_whole():
     emoji = "🦙".encode()          # 4 bytes
-    stream = Utf8Stream()
+    stream = Utf8Decoder()
     assert stream.feed(emoji[:1]) == ""
     assert stream.feed(emoji[1:3]) == ""
     assert stream.feed(emoji[3:] + b" ok") == "🦙 ok"
@@ -11,7 +11,7 @@ def test_multibyte_character_split_across_tokens_is_emitted_whole():
 
 
 def test_invalid_bytes_are_replaced_at_flush():
-    stream = Utf8Stream()
+    stream = Utf8Decoder()
     assert stream.feed(b"a\xe2\x82") == "a"
     assert stream.flush() == "\ufffd"
 

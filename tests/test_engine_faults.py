@@ -165,7 +165,7 @@ def test_shutdown_after_the_event_loop_closed_ends_requests_cleanly():
     long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
 
     async def start():
-        stream = llm.open_stream(llm.text_tokens("Once upon a time"), long)
+        stream = llm.open_feed(llm.text_tokens("Once upon a time"), long)
         await stream.next_batch()       # generating now
         return stream
 

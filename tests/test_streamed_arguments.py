@@ -20,7 +20,7 @@ from llmctl.runtime.formats.tool_calls import (
     TextDelta,
     ToolCallDelta,
     ToolCallDone,
-    ToolCallStream,
+    ToolCallParser,
     ToolFormat,
     call_id_factory,
     collect,
@@ -59,8 +59,8 @@ def chunkings(text: str, rng: random.Random):
         yield [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
 
 
-def streamed(chunks: list[str], **kw) -> tuple[list, ToolCallStream]:
-    stream = ToolCallStream(H, NAMES, new_id=ids(), constrained=True, **kw)
+def streamed(chunks: list[str], **kw) -> tuple[list, ToolCallParser]:
+    stream = ToolCallParser(H, NAMES, new_id=ids(), constrained=True, **kw)
     return [d for c in chunks for d in stream.feed(c)] + stream.finish(), stream
 
 
@@ -100,7 +100,7 @@ def test_grammar_calls_stream_their_arguments_for_any_chunking(text, content, ca
 
 def test_a_head_and_argument_pieces_come_while_the_call_is_written():
     text = f"<tool_call>\n{SEARCH}\n</tool_call>"
-    stream = ToolCallStream(H, NAMES, new_id=ids(), constrained=True)
+    stream = ToolCallParser(H, NAMES, new_id=ids(), constrained=True)
     seen: list[tuple[int, ToolCallDelta]] = []
     for i, c in enumerate(text):
         seen += [(i, d) for d in stream.feed(c) if isinstance(d, ToolCallDelta)]
@@ -131,7 +131,7 @@ def test_calls_the_grammar_is_not_sure_of_are_read_as_without_it(text):
 
 
 def test_a_bare_call_is_held_until_the_answer_ends():
-    stream = ToolCallStream(H, NAMES, new_id=ids(), constrained=True)
+    stream = ToolCallParser(H, NAMES, new_id=ids(), constrained=True)
     assert stream.feed(WEATHER) == []
     out = stream.finish()
     assert [type(d) for d in out] == [ToolCallDelta, ToolCallDelta, ToolCallDone]

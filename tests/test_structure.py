@@ -71,7 +71,7 @@ def test_runtime_top_level_stays_small():
 
 def test_one_place_in_the_server_opens_generation_streams():
     calls = [f"{rel(p)}:{i}" for p in sources("server")
-             for i, line in enumerate(p.read_text().splitlines(), 1) if "open_stream(" in line
+             for i, line in enumerate(p.read_text().splitlines(), 1) if "open_feed(" in line
              and not line.lstrip().startswith(("def ", "#"))]
     assert len(calls) == 1, calls
 

@@ -11,7 +11,7 @@ from llmctl.runtime.formats.tool_calls import (
     ThinkingDelta,
     ToolCallDelta,
     ToolCallDone,
-    ToolCallStream,
+    ToolCallParser,
     ToolFormat,
     call_id_factory,
     collect,
@@ -176,20 +176,20 @@ def test_fenced_calls_only_for_hermes_and_when_a_call_is_allowed():
 
 
 def test_fence_prefix_is_held_only_until_decided():
-    stream = ToolCallStream(H, NAMES)
+    stream = ToolCallParser(H, NAMES)
     assert stream.feed(" ``") == []
     assert stream.feed("`pyt") == [TextDelta("```pyt")]
-    stream = ToolCallStream(H, NAMES)
+    stream = ToolCallParser(H, NAMES)
     assert stream.feed("```json\n  ") == []
     assert stream.feed("Hello") == [TextDelta("```json\n  Hello")]
-    stream = ToolCallStream(H, NAMES)
+    stream = ToolCallParser(H, NAMES)
     assert stream.feed("```json\n{") == [] and stream.feed(WEATHER[1:] + "\n``") == []
     head, args, done, text = stream.feed("`\nok")
     assert (head.name, args.arguments, done, text) == (
         "get_weather", '{"city":"Paris","unit":"C"}', ToolCallDone(0), TextDelta("ok"))
     assert stream.finish() == []
     # With no tool allowed a fence can't be a call: nothing is held.
-    assert ToolCallStream(H, set()).feed("```json\n{") == [TextDelta("```json\n{")]
+    assert ToolCallParser(H, set()).feed("```json\n{") == [TextDelta("```json\n{")]
 
 
 def test_llama3_json_calls_with_separators_and_python_tag():
@@ -251,7 +251,7 @@ def test_think_splitter_parts_rejoin_to_the_input():
 
 
 def test_streamed_call_shape_matches_openai():
-    stream = ToolCallStream(H, NAMES, new_id=ids())
+    stream = ToolCallParser(H, NAMES, new_id=ids())
     deltas = stream.feed("Hi <tool_") + stream.feed(f"call>{WEATHER}</tool_call>") + stream.finish()
     assert deltas[0] == TextDelta("Hi")
     first, args, done = deltas[1:]
@@ -262,7 +262,7 @@ def test_streamed_call_shape_matches_openai():
 
 
 def test_marker_prefix_is_held_back_until_decided():
-    stream = ToolCallStream(H, NAMES)
+    stream = ToolCallParser(H, NAMES)
     assert stream.feed("Hi <tool_c") == [TextDelta("Hi")]
     assert stream.feed("ar") == [TextDelta(" <tool_car")]
     assert stream.finish() == []
@@ -308,7 +308,7 @@ def test_streaming_equals_whole_parse_for_any_chunking(fmt, text, reasoning):
     whole = parse(text, fmt, reasoning=reasoning)
     rng = random.Random(text)
     for chunks in chunkings(text, rng):
-        stream = ToolCallStream(fmt, NAMES, reasoning, new_id=ids())
+        stream = ToolCallParser(fmt, NAMES, reasoning, new_id=ids())
         deltas = [d for c in chunks for d in stream.feed(c)] + stream.finish()
         assert collect(deltas) == whole, chunks
         for d in deltas:  # a call's id and name come once, before its arguments
@@ -325,7 +325,7 @@ def test_streaming_equals_whole_parse_for_any_chunking(fmt, text, reasoning):
 
 def test_long_arguments_in_tiny_chunks_are_scanned_once():
     big = json.dumps({"name": "search", "arguments": {"q": "x\\\"" * 20000}})
-    stream = ToolCallStream(H, NAMES, new_id=ids())
+    stream = ToolCallParser(H, NAMES, new_id=ids())
     deltas = stream.feed("<tool_call>")
     for i in range(0, len(big), 3):
         deltas += stream.feed(big[i:i + 3])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import codecs
 
 
-class Utf8Stream:
+class Utf8Decoder:
     """Feeds token bytes through an incremental UTF-8 decoder, so a character
     split across two tokens (common for emoji and CJK in byte-level BPE) is
     only emitted once complete."""

@@ -1,6 +1,6 @@
 """The continuous-batching engine: one thread, one llama_context, many
 sequences. Requests join the running batch at the next step; every step is
-a single llama_decode over all decoding streams plus prompt chunks.
+a single llama_decode over all decoding sequences plus prompt chunks.
 
 A step is plan, run, result, update (docs/architecture.md): the scheduler
 plans it (a StepPlan: KV to attach, rows to decode), speculation fills in

@@ -5,7 +5,7 @@ scheduler beside each running sequence."""
 
 from __future__ import annotations
 
-from llmctl.runtime.engine.detok import StopMatcher, Utf8Stream
+from llmctl.runtime.engine.detok import StopMatcher, Utf8Decoder
 from llmctl.runtime.engine.events import TokenEvent
 from llmctl.runtime.engine.logprobs import TokenLogprob
 from llmctl.runtime.engine.plan import Sampled
@@ -17,7 +17,7 @@ class Output:
     and text a stop string may yet claim are held back."""
 
     def __init__(self, params: SamplingParams):
-        self.utf8 = Utf8Stream()
+        self.utf8 = Utf8Decoder()
         self.stops = StopMatcher(params.stop)
         self.logprobs: list[TokenLogprob] = []     # of tokens whose text is held back
         self.matched: str | None = None            # the stop string that ended it

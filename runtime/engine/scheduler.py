@@ -6,7 +6,7 @@ just admitted (the prefix cache's plans), then a token per decoding
 sequence, then prompt chunks in the rest of the token budget, oldest
 request first. Feeding prompts one after another (rather than a slice of
 each) makes the first request's first token come soonest, and never stalls
-running streams for longer than one budget's worth of prefill. The runner
+decoding sequences for longer than one budget's worth of prefill. The runner
 carries the plan out; `update` (lifecycle.py) applies its result.
 
 The slots themselves (free, parked with KV, prefix plans) are the slot

@@ -136,10 +136,10 @@ class GrammarCall:
 
 
 class GrammarSections:
-    """The streamed calls of ToolCallStream (tool_calls.py), kept here: the
+    """The streamed calls of ToolCallParser (tool_calls.py), kept here: the
     state they need and the "streamed" section that reads one.
 
-    Under the tool-call grammar (ToolCallStream's `constrained`: tool_choice
+    Under the tool-call grammar (ToolCallParser's `constrained`: tool_choice
     required or named, or `auto`'s lazy grammar, which starts at a
     <tool_call> or at a call opening the answer, tool_shapes.CALL_OPENING) a
     call the grammar is sure to have written streams: a <tool_call> block,

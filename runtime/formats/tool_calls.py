@@ -47,7 +47,7 @@ from llmctl.runtime.formats.tool_shapes import (
 )
 
 __all__ = ["TextDelta", "Delta", "ParsedMessage", "ThinkingDelta", "ToolCall",
-           "ToolCallDelta", "ToolCallDone", "ToolCallStream", "ToolFormat", "call_id_factory", "collect",
+           "ToolCallDelta", "ToolCallDone", "ToolCallParser", "ToolFormat", "call_id_factory", "collect",
            "detect_format", "parse_tool_calls"]
 
 
@@ -56,15 +56,15 @@ def parse_tool_calls(text: str, fmt: ToolFormat, tool_names: set[str] | None = N
                      new_id: Callable[[], str] | None = None,
                      constrained: bool = False) -> ParsedMessage:
     """Content, tool calls and reasoning in a whole model output; see
-    ToolCallStream for the arguments. Malformed calls and calls to names not
+    ToolCallParser for the arguments. Malformed calls and calls to names not
     in `tool_names` stay in the content. Raises nothing."""
-    stream = ToolCallStream(fmt, tool_names, reasoning,
+    stream = ToolCallParser(fmt, tool_names, reasoning,
                             started_in_thought=started_in_thought, new_id=new_id,
                             constrained=constrained)
     return collect(stream.feed(text) + stream.finish())
 
 
-class ToolCallStream(GrammarSections):
+class ToolCallParser(GrammarSections):
     """Parses model output as it streams. `feed(delta)` and `finish()` return
     the deltas decided so far; text that may begin a marker is held back until
     the next chunk decides it, and a call is emitted once its JSON is
