@@ -10,7 +10,12 @@
    generated with ignore_eos. llmctl with and without --no-prefix-cache, and
    llama-server (-np 16) when /tmp/llama-server-build/bin/llama-server exists.
 
+`--tree NAME=DIR` also runs both parts with the llmctl of another source
+tree (a commit's parent, checked out with `git worktree add`), in turns
+with this one, to measure a change against it side by side.
+
 Usage: .venv/bin/python scripts/bench_prefix_cache.py [--model smollm2] [--threads 2] [--json]
+    [--tree NAME=DIR]
 """
 
 from __future__ import annotations
@@ -40,10 +45,11 @@ def text(n_words: int, seed: int) -> str:
     return " ".join(rnd.choice(WORDS) for _ in range(n_words))
 
 
-def llmctl_server(args, home: str, ctx: int, seqs: int, extra: list[str]) -> Server:
+def llmctl_server(args, home: str, ctx: int, seqs: int, extra: list[str],
+                  tree: Path | None = None) -> Server:
     return Server.llmctl_serve(args.model, "--ctx-size", str(ctx), "--max-num-seqs", str(seqs),
                                "--threads", str(args.threads), *extra,
-                               env={"LLMCTL_HOME": home})
+                               env={"LLMCTL_HOME": home}, tree=tree)
 
 
 def llama_server(args, ctx: int, seqs: int, model_path: str) -> Server:
@@ -76,16 +82,16 @@ def one(url: str, prompt: str, max_tokens: int = 16) -> float:
     return asyncio.run(go())
 
 
-def ttft_bench(args) -> dict:
+def ttft_bench(args, tree: Path | None = None) -> dict:
     shared = text(850, 1)            # about 1,000 tokens
     asks = [f" Question {i}: " + text(14, 100 + i) for i in range(3)]   # about 20 tokens
     home = tempfile.mkdtemp(prefix="llmctl-bench-")
-    with llmctl_server(args, home, 2048, 4, []) as srv:
+    with llmctl_server(args, home, 2048, 4, [], tree) as srv:
         one(srv.url, "Hello there.", 4)             # graph set-up, not the prefix
         cold = one(srv.url, shared + asks[0])
         mem = one(srv.url, shared + asks[1])
     # The server has exited, so its cache writer has flushed.
-    with llmctl_server(args, home, 2048, 4, []) as srv:
+    with llmctl_server(args, home, 2048, 4, [], tree) as srv:
         one(srv.url, "Hello there.", 4)
         disk = one(srv.url, shared + asks[2])
         stats = httpx.get(srv.url + "/stats").json()
@@ -116,13 +122,18 @@ async def load_run(url: str, n: int, conc: int, max_tokens: int) -> dict:
             "ttft_p95_s": ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))]}
 
 
-def throughput_bench(args, model_path: str) -> dict:
+def throughput_bench(args, model_path: str, trees: dict[str, Path]) -> dict:
     out = {}
-    configs = [("llmctl", []), ("llmctl --flash-attn on", ["--flash-attn", "on"]),
-               ("llmctl --no-prefix-cache", ["--no-prefix-cache"])]
-    for name, extra in configs:
+    configs: list[tuple[str, list[str], Path | None]] = [
+        ("llmctl", [], None), ("llmctl --flash-attn off", ["--flash-attn", "off"], None),
+        ("llmctl --no-prefix-cache", ["--no-prefix-cache"], None)]
+    # Another tree's arm goes beside this tree's default, in turns.
+    for name, tree in trees.items():
+        configs.insert(1, (f"llmctl {name}", [], tree))
+        configs.append((f"llmctl (again beside {name})", [], None))
+    for name, extra, tree in configs:
         with llmctl_server(args, tempfile.mkdtemp(prefix="llmctl-bench-"), 1024, 16,
-                           ["--max-queued", "64", *extra]) as srv:
+                           ["--max-queued", "64", *extra], tree) as srv:
             out[name] = asyncio.run(load_run(srv.url, 32, 16, 64))
         print(name, out[name], file=sys.stderr)
     if LLAMA_SERVER.exists():
@@ -137,7 +148,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                    help="also run the llmctl of another source tree (repeatable)")
     args = ap.parse_args()
+    trees = {name: Path(d) for name, _, d in (t.partition("=") for t in args.tree)}
     global MODEL
     MODEL = args.model
     from llmctl.store.resolve import resolve_model
@@ -145,18 +159,22 @@ def main() -> None:
     model_path = str(resolve_model(args.model).path)
     report = {"ttft": ttft_bench(args)}
     print("ttft", report["ttft"], file=sys.stderr)
+    for name, tree in trees.items():
+        report[f"ttft {name}"] = ttft_bench(args, tree)
+        report["ttft (again)"] = ttft_bench(args)
     if not args.skip_throughput:
-        report["throughput"] = throughput_bench(args, model_path)
+        report["throughput"] = throughput_bench(args, model_path, trees)
         base = report["throughput"].get("llama-server -np 16") or \
             report["throughput"]["llmctl --no-prefix-cache"]
         report["throughput_ratio"] = report["throughput"]["llmctl"]["tok_per_s"] / base["tok_per_s"]
     if args.json:
         print(json.dumps(report, indent=1))
         return
-    t = report["ttft"]
-    print(f"TTFT cold {t['cold_ttft_s']:.3f} s | memory hit {t['memory_hit_ttft_s']:.3f} s "
-          f"({t['memory_ratio']:.3f}x) | disk hit after restart {t['disk_hit_ttft_s']:.3f} s "
-          f"({t['disk_ratio']:.3f}x)")
+    for key in [k for k in report if k.startswith("ttft")]:
+        t = report[key]
+        print(f"{key}: cold {t['cold_ttft_s']:.3f} s | memory hit {t['memory_hit_ttft_s']:.3f} s "
+              f"({t['memory_ratio']:.3f}x) | disk hit after restart {t['disk_hit_ttft_s']:.3f} s "
+              f"({t['disk_ratio']:.3f}x)")
     for name, r in report.get("throughput", {}).items():
         print(f"{name:28s} {r['tok_per_s']:7.1f} tok/s  TTFT p50 {r['ttft_p50_s']:.2f} s "
               f"p95 {r['ttft_p95_s']:.2f} s  wall {r['wall_s']:.1f} s")

@@ -20,7 +20,11 @@ arms in the first rounds only, which leaves more rounds for the pairs.
 
     .venv/bin/python scripts/bench_spec_auto.py [--models qwen2.5-coder-0.5b,...]
         [--tokens 192] [--levels 4,16] [--rounds 2] [--json FILE] [--skip-peers]
-        [--variant NAME=FLAGS ...] [--peer-rounds N]
+        [--variant NAME=FLAGS ...] [--tree NAME=DIR ...] [--peer-rounds N]
+
+`--tree NAME=DIR` adds a `--spec auto` arm that runs the llmctl of another
+source tree (a commit's parent, checked out with `git worktree add`), to
+measure a change against it side by side.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from llmctl.store.resolve import resolve_model
 CTX = 2048
 SLOTS = 16
 OURS = {"llmctl off": ["--spec", "off"], "llmctl auto": ["--spec", "auto"]}
+TREES: dict[str, Path] = {}     # arms of OURS run from another source tree (--tree)
 PEERS = {"llama-server none": [], "llama-server ngram-simple": ["--spec-type", "ngram-simple"],
          "llama-server ngram-mod": ["--spec-type", "ngram-mod"]}
 
@@ -116,7 +121,8 @@ def _servers(args, model: str, stack: contextlib.ExitStack) -> list[tuple[str, S
         cache = stack.enter_context(tempfile.TemporaryDirectory(prefix="llmctl-bench-cache-"))
         argv = [model, "--threads", str(args.threads), "--max-num-seqs", str(SLOTS),
                 "--ctx-size", str(CTX), "--flash-attn", "on", *flags]
-        out.append((name, Server.llmctl_serve(*argv, env={"LLMCTL_CACHE_DIR": cache})))
+        out.append((name, Server.llmctl_serve(*argv, env={"LLMCTL_CACHE_DIR": cache},
+                                              tree=TREES.get(name))))
     if args.llama_server is not None:
         base = [str(args.llama_server), "-m", str(resolve_model(model).path), "-np", "1",
                 "-c", str(CTX), "-t", str(args.threads), "-tb", str(args.threads),
@@ -246,6 +252,8 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
                     help="one more `--spec auto` arm with these serve flags, alternating "
                          "with the others (repeatable)")
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                    help="one more `--spec auto` arm from another source tree (repeatable)")
     args = ap.parse_args()
     global TASKS
     if args.tasks:
@@ -254,6 +262,12 @@ def main() -> None:
     for v in args.variant:
         name, flags = variant(v)
         OURS[f"llmctl {name}"] = ["--spec", "auto", *flags]
+    for spec in args.tree:
+        name, _, tree = spec.partition("=")
+        if not (Path(tree) / "llmctl" / "__init__.py").is_file():
+            sys.exit(f"--tree {spec}: no llmctl package there")
+        OURS[f"llmctl {name}"] = ["--spec", "auto", *shlex.split(args.auto_flags)]
+        TREES[f"llmctl {name}"] = Path(tree)
     args.levels = [int(x) for x in args.levels.split(",") if x]
     if args.skip_peers or not args.llama_server.exists():
         args.llama_server = None

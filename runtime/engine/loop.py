@@ -193,13 +193,13 @@ class Engine:
             return
         if self.spec is not None:
             plan = self.spec.fill(plan)
+        # Speculation learns what a step costs from the whole of it, its
+        # events sent and KV settled included, as the controller was tuned.
         start = time.perf_counter()
         result = self.runner.run(plan)
-        out = self.scheduler.update(plan, result)
-        seconds = time.perf_counter() - start
-        self._deliver(out)
+        self._deliver(self.scheduler.update(plan, result))
         if self.spec is not None:
-            self.spec.learn(plan, result, seconds)
+            self.spec.learn(plan, result, time.perf_counter() - start)
 
     def _end(self, seq: Sequence, reason: str, error: BaseException | None = None) -> None:
         """End one request outside a step's update (cancelled, failed)."""
