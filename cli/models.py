@@ -74,7 +74,7 @@ def show(
     Example: llmctl show smollm2 --ctx-size 8192 --kv-type q8_0
     """
     data = show_model(model, ctx_size, kv_type.value)
-    data["chat_template"] = template_source(data["name"], data["path"]).describe()
+    data["chat_template"] = template_source(data["model"], data["path"]).describe()
     if json:
         print_json(data)
         return

@@ -49,7 +49,10 @@ def show_model(model: str | None, ctx_size: int | None = None, kv_type: str = "f
     info = read_gguf_info(resolved.path)
     ctx = ctx_size or resolved.context or min(info.context_length or 4096, 4096)
     kv = info.kv_cache_bytes(ctx, kv_type)
-    data = {"name": resolved.name, "path": str(resolved.path), **info.to_dict()}
+    # `name` is the GGUF's own (general.name) where it has one; `model` the
+    # name llmctl resolved, which models.toml's settings are keyed by.
+    data = {"name": resolved.name, "path": str(resolved.path), **info.to_dict(),
+            "model": resolved.name}
     if resolved.entry is not None:
         data["sha256"] = resolved.entry.sha256
         data["source"] = resolved.entry.source

@@ -26,7 +26,8 @@ class RegistryModel:
     file: str | None = None
     quant: str | None = None
     context: int = 4096
-    template: str | None = None
+    template: str | None = None         # Jinja text over the GGUF's own (see _load)
+    template_file: str | None = None    # ... read from store/templates/ (shipped)
     description: str = ""
     package: str | None = None
     package_file: str | None = None
@@ -113,10 +114,25 @@ def _load(path: Path, mtime: float) -> Registry:
     models = {}
     for name, spec in data.get("models", {}).items():
         _check_keys(path, name, spec)
+        if "template_file" in spec:
+            spec = {**spec, "template": _template_text(path, name, spec["template_file"])}
         models[name] = RegistryModel(name=name, **spec)
         if models[name].parts:
             _check_parts(path, models[name])
     return Registry(default=data.get("default", "smollm2"), models=models)
+
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+def _template_text(path: Path, name: str, file: str) -> str:
+    """A shipped template's text: a model's known template defect fixed
+    (models.toml says which and why). Raises UsageError naming the key."""
+    where = TEMPLATES / file
+    if where.parent != TEMPLATES or not where.is_file():
+        raise UsageError(f"{path}: model {name!r}: `template_file` {file!r} is not one of "
+                         f"llmctl's templates ({TEMPLATES})")
+    return where.read_text()
 
 
 def load_registry() -> Registry:
