@@ -40,6 +40,7 @@ COMMANDS = {
     "bench": ("bench", "Measure throughput and latency the way the LLM Almanac does."),
     "eval": ("evaluate", "Measure model quality."),
     "cache": ("cache", "Show or clear the on-disk prompt-prefix KV cache."),
+    "mcp": ("mcp", "List MCP servers and the tools they give the model."),
     "config": ("config_cmd", "Show the settings in effect and where each comes from."),
 }
 

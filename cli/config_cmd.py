@@ -109,8 +109,8 @@ def _check_tables(config: ConfigFile, group: Any) -> None:
 
     load_presets(config)
     for table, keys in config.tables.items():
-        if table[:1] == (PRESETS,):
-            continue
+        if table[:1] == (PRESETS,) or table[:2] == ("mcp", "servers"):
+            continue        # presets and MCP servers: their own modules check them
         cmd: Any = group        # the group, then a command or subgroup, or None
         for depth, name in enumerate(table):
             cmd = getattr(cmd, "commands", {}).get(name)

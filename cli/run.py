@@ -9,6 +9,7 @@ from typing_extensions import Annotated
 
 from llmctl.cli import options as o
 from llmctl.cli.common import err, handle_errors, note_base_model, print_json, write_out
+from llmctl.cli.mcp import MaxStepsOpt, McpOpt, YesOpt
 from llmctl.errors import UsageError
 
 
@@ -39,6 +40,9 @@ def run(
     *,
     decoding: o.Decoding,
     json: o.Json = False,
+    mcp: McpOpt = None,
+    yes: YesOpt = False,
+    max_steps: MaxStepsOpt = 8,
 ) -> None:
     """Answer one prompt and exit.
 
@@ -46,7 +50,8 @@ def run(
     as it is, for a base model to continue.
 
     With one argument that has a space in it, that is the prompt and the
-    default model answers it.
+    default model answers it. With --mcp the model may call the servers'
+    tools (docs/mcp.md).
 
     Example: llmctl run smollm2 "Why is the sky blue?" --max-tokens 64
     """
@@ -60,6 +65,11 @@ def run(
         note_base_model(model)
 
     params = gen.sampling()
+    if mcp is not None:
+        if raw:
+            raise UsageError("--mcp needs the chat template, which --raw leaves out")
+        _run_with_tools(model, text, gen, decoding, (mcp, yes, max_steps), json)
+        return
     # One prompt, one answer: a prefix cache would only cost memory and
     # disk writes for no reuse.
     load = gen.load(prefix_cache=False, **decoding.load_fields())
@@ -77,6 +87,38 @@ def run(
         err.print(f"prompt {result.usage.prompt_tokens} tok, generated "
                   f"{result.usage.completion_tokens} tok, TTFT {result.ttft_s:.3f}s, "
                   f"{result.tokens_per_s:.1f} tok/s")
+
+
+def _run_with_tools(model: str | None, text: str, gen: o.Generation, decoding: o.Decoding,
+                    tools: tuple, json: bool) -> None:
+    """The prompt answered with the --mcp servers' tools; the calls on
+    stderr, the answer on stdout (or all of it as JSON)."""
+    from contextlib import closing
+
+    from llmctl.cli.mcp import TerminalWatcher, servers_for
+    from llmctl.runtime.oneshot import load_for
+    from llmctl.tools.agent import run_turn
+    from llmctl.tools.mcp_hub import McpHub
+
+    path, yes, max_steps = tools
+    servers = servers_for(None if str(path) == "config" else path, required=True)
+    messages = ([{"role": "system", "content": gen.system}] if gen.system else [])
+    messages.append({"role": "user", "content": text})
+    # The loop resends the conversation each step: the prefix cache pays.
+    with load_for(model, gen.load(**decoding.load_fields())) as llm, \
+            closing(McpHub(servers)) as hub:
+        turn = run_turn(llm, messages, gen.sampling(), hub,
+                        TerminalWatcher((lambda _: None) if json else write_out),
+                        max_steps=max_steps, approve_all=yes)
+    if json:
+        print_json({"text": turn.answer, "stopped": turn.stopped,
+                    "tool_calls": [{"name": name, "arguments": args, "output": got.text,
+                                    "is_error": got.is_error} for name, args, got in turn.calls]})
+        return
+    if turn.stopped:
+        err.print(f"[yellow]the tools were withdrawn after {max_steps} calls (--max-steps); "
+                  "the model answered without them[/]")
+    write_out("\n")
 
 
 def register(app: typer.Typer) -> None:

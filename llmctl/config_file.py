@@ -127,10 +127,12 @@ def _gather(config: ConfigFile, data: dict, table: Table,
 
 def _value_table(table: Table, key: str) -> bool:
     """Whether `key` of `table` is one setting whose value is a table (a
-    preset's template variables, which keep their own spelling) rather than
-    a table of settings."""
-    return table[:1] == ("presets",) and len(table) == 2 and \
-        key.replace("_", "-") == "chat-template-kwargs"
+    preset's template variables, an MCP server's environment and headers,
+    which keep their own spelling) rather than a table of settings."""
+    name = key.replace("_", "-")
+    if table[:1] == ("presets",) and len(table) == 2:
+        return name == "chat-template-kwargs"
+    return table[:2] == ("mcp", "servers") and len(table) == 3 and name in ("env", "headers")
 
 
 def _key_lines(text: str, headers: dict[Table, int]) -> dict[tuple[Table, str], int]:

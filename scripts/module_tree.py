@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ["llmctl", "cli", "runtime", "server", "store", "hub", "quantize", "bench", "cluster"]
+FOLDERS = ["llmctl", "cli", "runtime", "server", "store", "hub", "quantize", "bench", "cluster", "tools"]
 
 
 def summary(path: Path) -> str:

@@ -14,7 +14,7 @@ from llmctl.cli.app import COMMANDS, app
 from llmctl.cli.common import handle_errors
 from llmctl.cli.options import Generation
 
-HEAVY = ("fastapi", "uvicorn", "llama_cpp", "llmctl.runtime.engine.loop", "llmctl.server")
+HEAVY = ("fastapi", "uvicorn", "llama_cpp", "llmctl.runtime.engine.loop", "llmctl.server", "mcp")
 
 # Runs one command in-process, then reports its exit code and which heavy
 # modules it left loaded on the last line of stdout.

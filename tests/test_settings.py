@@ -15,7 +15,8 @@ from llmctl.errors import UsageError
 from llmctl.settings import VARS, Settings, markdown_table
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("bench", "cli", "cluster", "hub", "llmctl", "quantize", "runtime", "server", "store")
+PACKAGES = ("bench", "cli", "cluster", "hub", "llmctl", "quantize", "runtime", "server", "store",
+            "tools")
 
 
 def test_the_defaults_are_the_definitions():

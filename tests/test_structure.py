@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ["llmctl", "cli", "runtime", "store", "hub", "server", "quantize", "bench", "cluster"]
+PACKAGES = ["llmctl", "cli", "runtime", "store", "hub", "server", "quantize", "bench", "cluster", "tools"]
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
@@ -44,6 +44,14 @@ def test_only_runtime_llama_imports_llama_cpp():
     importers = [rel(p) for p in sources(*PACKAGES) if pattern.search(p.read_text())]
     assert importers, "the llama.cpp boundary imports llama_cpp somewhere"
     assert [f for f in importers if not f.startswith("runtime/llama/")] == []
+
+
+def test_only_tools_imports_the_mcp_sdk():
+    """MCP is an optional extra: one package speaks to it."""
+    pattern = re.compile(r"^\s*(import mcp\b|from mcp[ .])", re.M)
+    importers = [rel(p) for p in sources(*PACKAGES) if pattern.search(p.read_text())]
+    assert importers, "the MCP boundary imports mcp somewhere"
+    assert [f for f in importers if not f.startswith("tools/")] == []
 
 
 def test_no_file_over_the_line_limit():
