@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from enum import Enum
+from pathlib import Path
 from typing import TYPE_CHECKING, Optional, TypedDict
 
 import typer
@@ -12,6 +13,7 @@ from typing_extensions import Annotated
 
 from llmctl.cli import options as o
 from llmctl.cli.common import err, handle_errors
+from llmctl.cli.mcp import servers_for
 from llmctl.errors import UsageError
 from llmctl.runtime.batching import SERVE_MAX_NUM_SEQS, SERVE_MAX_QUEUED
 
@@ -96,6 +98,11 @@ AllowedOrigins = Annotated[str, typer.Option(
     "--allowed-origins", envvar="LLMCTL_ALLOWED_ORIGINS",
     help="Comma-separated browser origins allowed besides localhost, e.g. "
          "https://app.example.com,https://*.example.org ('*': any).")]
+McpServeOpt = Annotated[Optional[Path], typer.Option(
+    "--mcp", envvar="LLMCTL_MCP", show_default=False,
+    help="MCP servers whose tools requests may have the server run, by label (the "
+         "Responses API's mcp tool, Anthropic's mcp_servers): a JSON file with "
+         "\"mcpServers\", or `config` for the config file's (docs/mcp.md).")]
 NoWebui = Annotated[bool, typer.Option(
     "--no-webui", envvar="LLMCTL_NO_WEBUI", help="Serve no chat page at / (a 404 there).")]
 FLASH_ATTN = {FlashAttn.auto: None, FlashAttn.on: True, FlashAttn.off: False}
@@ -175,6 +182,7 @@ def serve(
     pool: Pool,
     allowed_origins: AllowedOrigins = "",
     no_webui: NoWebui = False,
+    mcp: McpServeOpt = None,
 ) -> None:
     """Serve models over OpenAI's, Anthropic's and Ollama's APIs.
 
@@ -205,9 +213,10 @@ def serve(
         page = "" if no_webui else f", chat page at {url}/"
         err.print(f"Serving on {url}/v1{page} (Ctrl-C to stop)")
 
+    mcp_servers = servers_for(mcp, required=True) if mcp is not None else {}
     install_first(model)
     serve_model(model, host, port, load, policy, pool_settings=pool_settings, on_ready=ready,
-                queue=(batching.max_queued, batching.max_queued_mb))
+                queue=(batching.max_queued, batching.max_queued_mb), mcp_servers=mcp_servers)
 
 
 def install_first(model: str | None) -> None:

@@ -32,6 +32,8 @@ def create_app(state: ServerState, bind_host: str | None = None) -> FastAPI:
             yield
         finally:
             state.workers.shutdown()
+            if state.mcp is not None:       # the MCP servers it started stop with it
+                state.mcp.close()
 
     app = FastAPI(title="llmctl", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.llmctl = state

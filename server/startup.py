@@ -9,7 +9,7 @@ import socket
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from llmctl.errors import UsageError
 from llmctl.runtime.llm import check_draft
@@ -22,6 +22,10 @@ from llmctl.server.state import HttpPolicy, ServerState
 from llmctl.server.workers import Workers
 from llmctl.store.registry import load_registry
 from llmctl.store.resolve import ResolvedModel, default_model_name, resolve_model
+
+if TYPE_CHECKING:
+    from llmctl.tools.mcp_config import McpServer
+    from llmctl.tools.mcp_hub import McpHub
 
 GIB = 1 << 30
 
@@ -118,16 +122,27 @@ def queue_bounds(queue: tuple[int | None, float | None], max_body: int) -> Admis
     return admission
 
 
+def _hub(servers: dict[str, McpServer] | None) -> McpHub | None:
+    if not servers:
+        return None
+    from llmctl.tools.mcp_hub import McpHub
+
+    return McpHub(servers)
+
+
 def serve(model: str | None, host: str, port: int, load: LoadOptions,
           policy: HttpPolicy | None = None, on_ready: Callable[[str], None] | None = None,
           pool_settings: PoolSettings | None = None,
-          queue: tuple[int | None, float | None] = (None, None)) -> None:
+          queue: tuple[int | None, float | None] = (None, None),
+          mcp_servers: dict[str, McpServer] | None = None) -> None:
     """Serve until interrupted. With `model` (a model, or a preset of the
     config file, whose model is loaded and which requests that name none
     get) it is loaded at start and kept (LRU eviction aside); without,
     models load on their first request. `queue` is (--max-queued,
     --max-queued-mb); None: the defaults. The settings without a flag are
     `load.settings` (Settings.load()'s, read by the command line).
+    `mcp_servers` (--mcp) are the MCP servers requests may name; they
+    start on first use and stop with the server.
     Raises UsageError (port in use, a bad setting), ConfigError (a bad
     preset) and what resolving `model` raises."""
     import uvicorn
@@ -155,7 +170,8 @@ def serve(model: str | None, host: str, port: int, load: LoadOptions,
     state = ServerState(pool, default=default, presets=presets,
                         policy=policy or HttpPolicy(), preloading=resolved is not None,
                         reasoning_format=pool_settings.reasoning_format, admission=admission,
-                        settings=load.settings, workers=Workers.of(load.settings))
+                        settings=load.settings, workers=Workers.of(load.settings),
+                        mcp=_hub(mcp_servers))
     app = create_app(state, bind_host=host)
     loader = threading.Thread(target=_preload, args=(state, resolved, on_ready,
                                                      f"http://{host}:{port}"),

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from llmctl.presets import Preset
     from llmctl.runtime.llm import LLM
     from llmctl.store.resolve import ResolvedModel
+    from llmctl.tools.mcp_hub import McpHub
 
 T = TypeVar("T")
 
@@ -59,6 +60,7 @@ class ServerState:
     settings: Settings = field(default_factory=Settings)      # Settings.load()'s, at start-up
     workers: Workers = field(default_factory=Workers.of)     # the app shuts them down
     admission: Admission = field(default_factory=Admission)     # what may queue
+    mcp: McpHub | None = None           # `serve --mcp`: the MCP servers requests may name
     # name -> its one resolve
     _resolving: dict[str, asyncio.Future[ResolvedModel]] = field(default_factory=dict, repr=False)
 

@@ -111,7 +111,7 @@ def chat_messages(messages: Any, keep: int | None = None) -> list[dict]:
         elif role == "user":
             out += _user(where, content, names)
         else:
-            out.append(_assistant(where, content, names, seen_assistant >= first_kept))
+            out += _assistant(where, content, names, seen_assistant >= first_kept)
             seen_assistant += 1
     if messages[-1].get("role") == "assistant":
         # Anthropic continues a final assistant turn; a template closes it.
@@ -170,26 +170,44 @@ def _tool_result(where: str, block: dict, names: dict[str, str]) -> dict:
     return out
 
 
-def _assistant(where: str, content: Any, names: dict[str, str], keeps_thought: bool) -> dict:
+def _assistant(where: str, content: Any, names: dict[str, str], keeps_thought: bool) -> list[dict]:
     """An assistant turn: its text, its thinking when kept (as
-    reasoning_content, which templates that think may read), its calls."""
-    texts, thoughts, calls = [], [], []
+    reasoning_content, which templates that think may read), its calls.
+    The server's own MCP calls (mcp_tool_use, then its mcp_tool_result)
+    split the turn: the result is a tool message between its two parts."""
+    out: list[dict] = []
+    texts: list[str] = []
+    thoughts: list[str] = []
+    calls: list[dict] = []
+
+    def flush() -> None:
+        if not (texts or thoughts or calls):
+            return
+        message: dict = {"role": "assistant", "content": "".join(texts) or (None if calls else "")}
+        if thoughts:
+            message["reasoning_content"] = "\n".join(thoughts)
+        if calls:
+            message["tool_calls"] = list(calls)
+        out.append(message)
+        texts.clear(), thoughts.clear(), calls.clear()
+
     for here, kind, block in _blocks(where, content):
         if kind == "text":
             texts.append(_text(here, block))
-        elif kind == "tool_use":
+        elif kind in ("tool_use", "mcp_tool_use"):
             calls.append(_tool_use(here, block, names))
+        elif kind == "mcp_tool_result":
+            flush()
+            out.append(_tool_result(here, block, names))
+        elif kind == "mcp_tool_listing":
+            continue                # what the server listed: nothing for the template
         elif kind in _THINKING:
             if keeps_thought and isinstance(block.get("thinking"), str):
                 thoughts.append(block["thinking"])
         else:
             raise _refuse_block(here, kind)
-    out: dict = {"role": "assistant", "content": "".join(texts) or (None if calls else "")}
-    if thoughts:
-        out["reasoning_content"] = "\n".join(thoughts)
-    if calls:
-        out["tool_calls"] = calls
-    return out
+    flush()
+    return out or [{"role": "assistant", "content": ""}]
 
 
 def _tool_use(where: str, block: dict, names: dict[str, str]) -> dict:

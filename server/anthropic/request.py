@@ -14,8 +14,11 @@ from typing import Any
 from llmctl.errors import InvalidParams
 from llmctl.runtime.sampling import MAX_STOPS, SamplingParams
 from llmctl.server.anthropic.content import chat_messages, keep_thinking, system_messages
+from llmctl.server.anthropic.mcp_request import mcp_asks
 from llmctl.server.fields import ThinkingAsk, parse_sampling, typed_field
+from llmctl.server.hosted_tools import ServerAsk
 from llmctl.server.tool_protocol import Structured, parse_structured
+from llmctl.tools.mcp_hub import McpHub
 
 # Fields that change nothing here: billing, routing and cache hints (the
 # prefix cache needs no breakpoints), accepted as Anthropic's API takes them.
@@ -24,11 +27,10 @@ _ACCEPTED = ("metadata", "cache_control", "service_tier", "speed", "inference_ge
 # Fields that ask for something llmctl does not do.
 _REFUSED = {
     "container": "code-execution containers are not supported by llmctl",
-    "mcp_servers": "MCP servers are not supported by llmctl; run the tools in the client",
 }
 _KNOWN = ("model", "max_tokens", "messages", "system", "tools", "tool_choice", "output_config",
           "output_format", "stop_sequences", "temperature", "top_p", "top_k", "stream",
-          "thinking", "context_management", *_ACCEPTED, *_REFUSED)
+          "thinking", "context_management", "mcp_servers", *_ACCEPTED, *_REFUSED)
 _EFFORTS = ("low", "medium", "high", "xhigh", "max")
 _THINKING_TYPES = ("enabled", "disabled", "adaptive")
 # The tool fields llmctl reads or needs not read (the grammar always
@@ -48,11 +50,15 @@ class MessagesRequest:
     thinking: bool                  # thinking blocks asked for (a thought turned on)
     ignored: list[str] = field(default_factory=list)   # accepted, not applied
     think: ThinkingAsk = ThinkingAsk()  # thinking and effort, for the template
+    mcp: tuple[ServerAsk, ...] = ()     # the MCP servers the server runs for it
+    choice_given: bool = False          # tool_choice was sent
 
 
-def parse_messages(body: dict, count_only: bool, defaults: SamplingParams) -> MessagesRequest:
+def parse_messages(body: dict, count_only: bool, defaults: SamplingParams,
+                   hub: McpHub | None = None) -> MessagesRequest:
     """Validate a Messages body; `count_only` (count_tokens) does not need
-    max_tokens. Raises InvalidParams naming the field."""
+    max_tokens; `mcp_servers` name the servers of `hub`. Raises
+    InvalidParams naming the field."""
     ignored: list[str] = []
     for key in body:
         if key in _REFUSED and body[key] is not None:
@@ -73,7 +79,7 @@ def parse_messages(body: dict, count_only: bool, defaults: SamplingParams) -> Me
     return MessagesRequest(model or None, bool(typed_field(body, "stream", (bool,))),
                            _sampling(body, defaults, None if count_only else max_tokens),
                            _structured(body, fmt, ignored), messages, think.on is True, ignored,
-                           think)
+                           think, mcp_asks(body, hub), body.get("tool_choice") is not None)
 
 
 def _shown(key: str) -> str:
@@ -176,6 +182,8 @@ def _tools(raw: Any, ignored: list[str]) -> list[dict] | None:
         if not isinstance(tool, dict):
             raise InvalidParams(f"tools[{i}] must be an object", param="tools")
         kind = tool.get("type")
+        if kind == "mcp_toolset":       # the servers' tools (mcp_request.py)
+            continue
         if kind not in (None, "custom"):
             shown = kind[:40] if isinstance(kind, str) else type(kind).__name__
             raise InvalidParams(f"tools[{i}].type {shown!r}: server tools are not supported "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from functools import partial
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -17,9 +18,12 @@ from llmctl.runtime.sampling import SamplingParams
 from llmctl.server import generation as gen
 from llmctl.server.answer_reader import AnswerReader, ToolSetup
 from llmctl.server.anthropic.frames import PING, MessageWriter
+from llmctl.server.anthropic.mcp_frames import McpMessage
 from llmctl.server.anthropic.request import MessagesRequest, parse_messages
 from llmctl.server.fields import name_ignored
-from llmctl.server.state import leased
+from llmctl.server.hosted_rounds import HostedDialect, respond_hosted
+from llmctl.server.hosted_tools import HostedTools, list_hosted
+from llmctl.server.state import leased, state_of
 from llmctl.server.workers import run_on
 
 log = logging.getLogger("llmctl.server")
@@ -32,11 +36,21 @@ _CONVERTING = ("output_config", "output_format", "tools")
 async def messages(request: Request) -> Response:
     """A message from the model for the conversation, whole or as events."""
     # parse_generation's flag is `count_only` here: a message needs max_tokens.
-    state, req = await gen.parse_generation(request, _CONVERTING, parse_messages, False)
+    parse = partial(parse_messages, hub=state_of(request).mcp)
+    state, req = await gen.parse_generation(request, _CONVERTING, parse, False)
+    run: HostedTools | None = None      # the MCP tools this server runs for the request
+    if req.mcp:
+        assert state.mcp is not None    # parse_messages refused mcp_servers without one
+        taken = {t["function"]["name"] for t in req.structured.tools or []}
+        run = await list_hosted(state.mcp, list(req.mcp), taken)
+        req = replace(req, structured=run.merged(req.structured, req.choice_given))
     generation = gen.GenerationRequest(req.model, None, _prompt(req), req.structured,
                                        stream=req.stream)
     dialect = _Messages(req, state.reasoning_format)
-    response = await gen.respond(request, generation, dialect)
+    if run is not None:
+        response = await respond_hosted(request, generation, dialect, run)
+    else:
+        response = await gen.respond(request, generation, dialect)
     return _named(response, req, dialect.thinks)
 
 
@@ -44,7 +58,8 @@ async def messages(request: Request) -> Response:
 async def count_tokens(request: Request) -> Response:
     """{"input_tokens": N}: the prompt the same body would have, counted on
     the model it names (loaded if need be)."""
-    state, req = await gen.parse_generation(request, _CONVERTING, parse_messages, True)
+    state, req = await gen.parse_generation(
+        request, _CONVERTING, partial(parse_messages, hub=state_of(request).mcp), True)
     lease = await state.lease(req.model)
 
     async def count() -> Response:
@@ -65,7 +80,7 @@ def _named(response: Response, req: MessagesRequest, thinks: bool) -> Response:
     return name_ignored(response, req.think.named(req.ignored, thinks), "/v1/messages")
 
 
-class _Messages(gen.SseDialect):
+class _Messages(HostedDialect):
     """Anthropic's side of a generation: max_tokens capped to the room the
     prompt leaves (Claude Code asks for 32000 on every turn), thoughts
     split off where the model thinks, and its events."""
@@ -95,6 +110,10 @@ class _Messages(gen.SseDialect):
                              reasoning_format="deepseek" if thinks else None)
         return structured.setup(prompt.tool_format, self.reasoning_format, thinks=thinks,
                                 started_in_thought=prompt.started_in_thought)
+
+    def writer(self, generation: gen.Generation, hosted: HostedTools) -> McpMessage:
+        return McpMessage(self.req.model or generation.model, hosted, self.req.thinking,
+                          generation.n_prompt)
 
     def frames(self, generation: gen.Generation) -> MessageWriter:
         return MessageWriter(self.req.model or generation.model, AnswerReader(generation.setup),

@@ -179,18 +179,13 @@ class ResponseObject:
                 **({"completed_at": int(time.time())} if status == "completed" else {})}
 
 
-OnFinal = Callable[[dict, dict], None]
+OnFinal = Callable[[dict, list[dict]], None]
 
 
-class Reply:
-    """A response's frames (server/generation.py's Frames): its events as
-    SSE, or the whole object. `on_final(response, assistant message)` runs
-    once the answer has ended, failed responses aside."""
+class Sequenced:
+    """Events as SSE, each with its sequence_number."""
 
-    def __init__(self, obj: ResponseObject, reader: AnswerReader, items: OutputItems,
-                 on_final: OnFinal):
-        self.obj, self.reader, self.items, self.on_final = obj, reader, items, on_final
-        self._seq = 0
+    _seq = 0
 
     def _sse(self, events: list[dict]) -> str:
         out = []
@@ -200,6 +195,17 @@ class Reply:
             out.append(f"event: {event['type']}\ndata: "
                        f"{json.dumps(event, ensure_ascii=False)}\n\n")
         return "".join(out)
+
+
+class Reply(Sequenced):
+    """A response's frames (server/generation.py's Frames): its events as
+    SSE, or the whole object. `on_final(response, messages)` runs once the
+    answer has ended, failed responses aside, with the messages the
+    response adds to the conversation."""
+
+    def __init__(self, obj: ResponseObject, reader: AnswerReader, items: OutputItems,
+                 on_final: OnFinal):
+        self.obj, self.reader, self.items, self.on_final = obj, reader, items, on_final
 
     def opening(self) -> str:
         """response.created and response.in_progress."""
@@ -239,7 +245,7 @@ class Reply:
         events += self.items.close(status)
         final = self.obj.shape(status, self.items.items, finish.usage,
                                reasoning_tokens=finish.reasoning_tokens)
-        self.on_final(final, self.items.assistant_message())
+        self.on_final(final, [self.items.assistant_message()])
         return final
 
     def body(self, answers: list[Answer]) -> dict:

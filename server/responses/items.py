@@ -12,13 +12,15 @@ from __future__ import annotations
 from typing import Any
 
 from llmctl.errors import InvalidParams
+from llmctl.server.responses.mcp_request import call_id_of
 from llmctl.server.responses.store import ResponseStore, new_id
 
 _ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _THOUGHT_PARTS = ("reasoning_text", "summary_text", "text")
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
-              "reasoning": "rs"}
+              "reasoning": "rs", "mcp_list_tools": "mcpl", "mcp_call": "mcp",
+              "mcp_approval_request": "mcpr", "mcp_approval_response": "mcpa"}
 
 
 def flat_name(namespace: str | None, name: str) -> str:
@@ -68,6 +70,8 @@ class _Conversation:
         self.store = store
         self.messages: list[dict] = []
         self._thought: str | None = None    # a reasoning item's, for the next assistant turn
+        self.approvals: list[dict] = []     # mcp_approval_response items, checked
+        self.asked: dict[str, dict] = {}    # mcp_approval_request items by id
 
     def _think(self, message: dict) -> None:
         if self._thought is not None and "reasoning_content" not in message:
@@ -85,12 +89,15 @@ class _Conversation:
             self._think(self.messages[-1])
 
     def function_call(self, item: dict, where: str) -> None:
-        call_id = _string(item, "call_id", where)
+        call_id = _string(item, "call_id", where) or ""
         name = _string(item, "name", where) or ""
         namespace = _string(item, "namespace", where, required=False)
-        arguments = _string(item, "arguments", where, required=False) or "{}"
+        self._call(call_id, flat_name(namespace, name),
+                   _string(item, "arguments", where, required=False) or "{}")
+
+    def _call(self, call_id: str, name: str, arguments: str) -> None:
         call = {"id": call_id, "type": "function",
-                "function": {"name": flat_name(namespace, name), "arguments": arguments}}
+                "function": {"name": name, "arguments": arguments}}
         last = self.messages[-1] if self.messages else None
         # Calls that follow the assistant's text (or other calls) are that turn's.
         if last is not None and last["role"] == "assistant":
@@ -100,6 +107,38 @@ class _Conversation:
         else:
             self.messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         self._think(self.messages[-1])
+
+    # MCP items: a call the server ran (with its output), a call that
+    # waited for approval, the client's answer to it, and a tool listing.
+    def mcp_call(self, item: dict, where: str) -> None:
+        _string(item, "server_label", where)
+        self._call(call_id_of(_string(item, "id", where) or ""), _string(item, "name", where) or "",
+                   _string(item, "arguments", where, required=False) or "{}")
+        error = item.get("error")
+        output = item.get("output")
+        text = output if isinstance(output, str) else ""
+        if error is not None:
+            text = f"error: {error if isinstance(error, str) else error.get('message', error)}" \
+                if isinstance(error, (str, dict)) else "error"
+        self.messages.append({"role": "tool", "tool_call_id": self.messages[-1]["tool_calls"][-1]
+                              ["id"], "content": text})
+
+    def mcp_approval_request(self, item: dict, where: str) -> None:
+        _string(item, "server_label", where)
+        item_id = _string(item, "id", where) or ""
+        self._call(call_id_of(item_id), _string(item, "name", where) or "",
+                   _string(item, "arguments", where, required=False) or "{}")
+        self.asked[item_id] = item
+
+    def mcp_approval_response(self, item: dict, where: str) -> None:
+        _string(item, "approval_request_id", where)
+        if not isinstance(item.get("approve"), bool):
+            raise _bad(f"{where}.approve", "must be a boolean")
+        _string(item, "reason", where, required=False)
+        self.approvals.append(item)
+
+    def mcp_list_tools(self, item: dict, where: str) -> None:
+        _string(item, "server_label", where)
 
     def function_call_output(self, item: dict, where: str) -> None:
         call_id = _string(item, "call_id", where)
@@ -121,15 +160,18 @@ class _Conversation:
             self._thought = thought if self._thought is None else self._thought + "\n" + thought
 
 
-def input_messages(value: Any, store: ResponseStore) -> tuple[list[dict], list[dict]]:
-    """(chat messages, the input items with ids) for a request's `input`.
+def input_messages(value: Any, store: ResponseStore) -> tuple[list[dict], list[dict], "_Conversation"]:
+    """(chat messages, the input items with ids, the conversation with its
+    MCP approvals) for a request's `input`.
     Raises InvalidParams (param "input") naming the item and field at
     fault: a missing input, an item type or content part llmctl does not
     support, a malformed field, a sealed thought this home did not seal."""
     if isinstance(value, str):
-        return ([{"role": "user", "content": value}],
+        conversation = _Conversation(store)
+        conversation.messages.append({"role": "user", "content": value})
+        return (conversation.messages,
                 [{"type": "message", "id": new_id("msg"), "role": "user", "status": "completed",
-                  "content": [{"type": "input_text", "text": value}]}])
+                  "content": [{"type": "input_text", "text": value}]}], conversation)
     if not isinstance(value, list):
         raise InvalidParams("'input' must be a string or a list of items", param="input")
     conversation = _Conversation(store)
@@ -143,9 +185,9 @@ def input_messages(value: Any, store: ResponseStore) -> tuple[list[dict], list[d
         if kind not in _ID_PREFIX:
             what = f"{kind[:40]!r} items" if kind else "items without a 'type'"
             raise _bad(f"{where}.type", f"is not supported by llmctl: {what} (message, "
-                       "function_call, function_call_output and reasoning are)")
+                       "function_call, function_call_output, reasoning and mcp items are)")
         getattr(conversation, kind)(item, where)
         items.append({"type": kind, "id": item.get("id") or new_id(_ID_PREFIX[kind]),
                       **({"status": "completed"} if kind == "message" else {}),
                       **{k: v for k, v in item.items() if k not in ("type", "id")}})
-    return conversation.messages, items
+    return conversation.messages, items, conversation

@@ -12,18 +12,23 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from llmctl.errors import InvalidParams
+from llmctl.runtime.formats.tool_calls import ToolCall
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.server.fields import EFFORTS, ThinkingAsk, effort_thinking, parse_sampling, typed_field
+from llmctl.server.hosted_rounds import Decision
+from llmctl.server.hosted_tools import ServerAsk
 from llmctl.server.responses.items import flat_name, input_messages
+from llmctl.server.responses.mcp_request import call_id_of, mcp_ask
 from llmctl.server.responses.store import ID_RE, ResponseStore, StoredResponse
 from llmctl.server.tool_protocol import Structured, parse_structured
+from llmctl.tools.mcp_hub import McpHub
 
 # Tools that OpenAI runs on its side: llmctl cannot, so the model is not
 # offered them and the response names them (Codex sends web_search always).
 HOSTED_TOOLS = frozenset({
     "web_search", "web_search_preview", "web_search_preview_2025_03_11", "web_search_2025_08_26",
     "file_search", "code_interpreter", "computer_use_preview", "computer_use", "computer",
-    "image_generation", "mcp", "tool_search"})
+    "image_generation", "tool_search"})
 # include values for hosted tools' results: with the tools left out there is nothing to include.
 _HOSTED_INCLUDES = frozenset({
     "web_search_call.action.sources", "web_search_call.results", "file_search_call.results",
@@ -45,7 +50,6 @@ _REFUSED: dict[str, Callable[[Any], bool]] = {
     "background": lambda v: v in (None, False),
     "conversation": _absent,
     "prompt": _absent,
-    "max_tool_calls": _absent,
     "context_management": _absent,
     "truncation": lambda v: v in (None, "disabled"),
     "top_logprobs": lambda v: v in (None, 0),
@@ -56,7 +60,7 @@ _KNOWN = frozenset({
     "max_output_tokens", "temperature", "top_p", "stop", "seed", "reasoning", "metadata",
     "user", "prompt_cache_key", "client_metadata", "include", "store", "previous_response_id",
     "stream", "stream_options", "service_tier", "safety_identifier", "prompt_cache_retention",
-    "keep_alive", *_REFUSED})
+    "keep_alive", "max_tool_calls", *_REFUSED})
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class Tools:
     chat: list[dict]
     namespaces: dict[str, tuple[str, str]]     # flat name -> (namespace, function)
     hosted: tuple[str, ...]
+    mcp: tuple[ServerAsk, ...] = ()            # the MCP servers the server runs for it
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,9 @@ class ResponsesRequest:
     echo: dict                  # the request fields the response object repeats
     keep_alive: object = None
     think: ThinkingAsk = ThinkingAsk()  # reasoning.effort, for the template
+    max_tool_calls: int | None = None   # MCP calls the server may run for it
+    choice_given: bool = False          # tool_choice was sent
+    approvals: tuple[Decision, ...] = ()    # mcp_approval_response items, resolved
 
 
 def _function(tool: dict, where: str, namespace: str | None) -> dict:
@@ -105,14 +113,15 @@ def _function(tool: dict, where: str, namespace: str | None) -> dict:
     return {"type": "function", "function": fn}
 
 
-def parse_tools(value: Any) -> Tools:
-    """The `tools` field. Raises InvalidParams (param "tools") for a tool
-    type llmctl cannot offer nor leave out, or a malformed tool."""
+def parse_tools(value: Any, hub: McpHub | None = None) -> Tools:
+    """The `tools` field; `mcp` tools name the servers of `hub`. Raises
+    InvalidParams (param "tools") for a tool type llmctl cannot offer nor
+    leave out, or a malformed tool."""
     if value is None:
         return Tools([], {}, ())
     if not isinstance(value, list):
         raise InvalidParams("'tools' must be a list", param="tools")
-    chat, namespaces, hosted = [], {}, []
+    chat, namespaces, hosted, mcp = [], {}, [], []
     for i, tool in enumerate(value):
         kind = tool.get("type") if isinstance(tool, dict) else None
         kind = kind if isinstance(kind, str) else None
@@ -130,13 +139,18 @@ def parse_tools(value: Any) -> Tools:
                                         param="tools")
                 chat.append(_function(fn, f"tools[{i}].tools[{j}]", ns))
                 namespaces[chat[-1]["function"]["name"]] = (ns, fn["name"])
+        elif kind == "mcp":
+            mcp.append(mcp_ask(tool, f"tools[{i}]", hub))
         elif kind in HOSTED_TOOLS:
             hosted.append(kind)
         else:
             what = repr(kind[:40]) if kind else "without a 'type'"
             raise InvalidParams(f"'tools[{i}]': tools of type {what} are not supported by llmctl",
                                 param="tools")
-    return Tools(chat, namespaces, tuple(dict.fromkeys(hosted)))
+    labels = [a.label for a in mcp]
+    if len(set(labels)) < len(labels):
+        raise InvalidParams("'tools' names an MCP server twice", param="tools")
+    return Tools(chat, namespaces, tuple(dict.fromkeys(hosted)), tuple(mcp))
 
 
 def _tool_choice(value: Any) -> Any:
@@ -247,8 +261,34 @@ def _sampling(body: dict, defaults: SamplingParams) -> SamplingParams:
     return params
 
 
+def _max_tool_calls(body: dict) -> int | None:
+    value = typed_field(body, "max_tool_calls", (int,))
+    if value is not None and value < 1:
+        raise InvalidParams("'max_tool_calls' must be at least 1", param="max_tool_calls")
+    return value
+
+
+def _approvals(conversation: Any, previous: StoredResponse | None) -> tuple[Decision, ...]:
+    """The input's mcp_approval_response items, each with the call it
+    answers: an mcp_approval_request item of this input or of the
+    previous response's output."""
+    asked = {i.get("id"): i for i in (previous.response.get("output", []) if previous else [])
+             if isinstance(i, dict) and i.get("type") == "mcp_approval_request"}
+    asked.update(conversation.asked)
+    out = []
+    for answer in conversation.approvals:
+        rid = answer["approval_request_id"]
+        request = asked.get(rid)
+        if request is None:
+            raise InvalidParams(f"mcp_approval_response: no mcp_approval_request {rid[:80]!r} "
+                                "in this input or the previous response", param="input")
+        call = ToolCall(call_id_of(rid), request["name"], request.get("arguments") or "{}")
+        out.append(Decision(call, answer["approve"], answer.get("reason"), request["server_label"]))
+    return tuple(out)
+
+
 def parse_request(body: dict, chat: bool, defaults: SamplingParams, *,
-                  store: ResponseStore) -> ResponsesRequest:
+                  store: ResponseStore, hub: McpHub | None = None) -> ResponsesRequest:
     """Validate a whole /v1/responses body (blocking: it may read the
     previous response from `store`). Raises InvalidParams naming the field:
     one llmctl does not know or support, a wrong type or value, a previous
@@ -263,7 +303,7 @@ def parse_request(body: dict, chat: bool, defaults: SamplingParams, *,
         raise InvalidParams("'metadata' values must be strings", param="metadata")
     for key in ("user", "prompt_cache_key", "safety_identifier"):
         typed_field(body, key, (str,))
-    tools = parse_tools(body.get("tools"))
+    tools = parse_tools(body.get("tools"), hub)
     response_format, text_echo, ignored_text = _text_format(body.get("text"))
     structured = _structured(body, tools, response_format)
     reasoning, ignored_reasoning, think = _reasoning(body)
@@ -273,7 +313,11 @@ def parse_request(body: dict, chat: bool, defaults: SamplingParams, *,
     previous = _previous(body, store)
     if body.get("input") is None:
         raise InvalidParams("'input' is required", param="input")
-    new, items = input_messages(body["input"], store)
+    new, items, conversation = input_messages(body["input"], store)
+    approvals = _approvals(conversation, previous)
+    if approvals and not tools.mcp:
+        raise InvalidParams("mcp_approval_response needs the request's `mcp` tool for its server",
+                            param="input")
     history = (previous.messages if previous else []) + new
     system = [{"role": "system", "content": instructions}] if instructions else []
     params = _sampling(body, defaults)
@@ -287,4 +331,5 @@ def parse_request(body: dict, chat: bool, defaults: SamplingParams, *,
             "service_tier": "default"}
     return ResponsesRequest(model, stream, stored, params, structured, system + history, history,
                             items, tools, sealed, ignored_text + ignored_reasoning, echo,
-                            body.get("keep_alive"), think)
+                            body.get("keep_alive"), think, _max_tool_calls(body),
+                            body.get("tool_choice") is not None, approvals)

@@ -5,6 +5,7 @@ typed events; stored responses are read back, listed and deleted here."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from functools import partial
 
 from fastapi import APIRouter, Request
@@ -15,11 +16,15 @@ from llmctl.runtime.sampling import SamplingParams
 from llmctl.server import generation as gen
 from llmctl.server.answer_reader import AnswerReader, ToolSetup
 from llmctl.server.fields import name_ignored
+from llmctl.server.hosted_rounds import HostedDialect, respond_hosted
+from llmctl.server.hosted_tools import HostedTools, list_hosted
 from llmctl.server.responses.frames import OutputItems, Reply, ResponseObject
+from llmctl.server.responses.mcp_frames import McpReply
 from llmctl.server.responses.request import ResponsesRequest, parse_request
 from llmctl.server.responses.store import ResponseStore, StoredResponse, store_for_home
 from llmctl.server.state import state_of
 from llmctl.server.workers import run_on
+from llmctl.tools.agent import DEFAULT_MAX_STEPS
 
 log = logging.getLogger("llmctl.server")
 router = APIRouter()
@@ -34,9 +39,10 @@ class ResponseNotFound(UsageError):
 
 
 async def _parse(request: Request) -> tuple[ResponseStore, ResponsesRequest]:
-    store = store_for_home(state_of(request).settings)
+    state = state_of(request)
+    store = store_for_home(state.settings)
     _, req = await gen.parse_generation(request, _CONVERTING,
-                                        partial(parse_request, store=store), True)
+                                        partial(parse_request, store=store, hub=state.mcp), True)
     return store, req
 
 
@@ -50,11 +56,23 @@ async def create(request: Request) -> Response:
     if req.tools.hosted:
         log.info("responses: hosted tools not offered to the model: %s",
                  ", ".join(req.tools.hosted))
+    run: HostedTools | None = None      # the MCP tools this server runs for the request
+    if req.tools.mcp:
+        hub = state_of(request).mcp
+        assert hub is not None          # parse_request refused mcp tools without one
+        taken = {t["function"]["name"] for t in req.tools.chat}
+        run = await list_hosted(hub, list(req.tools.mcp), taken)
+        req = replace(req, structured=run.merged(req.structured, req.choice_given))
     generation = gen.GenerationRequest(req.model, req.keep_alive, _prompt(req),
                                        req.structured, stream=req.stream)
     dialect = _Responses(req, store, state_of(request).reasoning_format)
     try:
-        response = await gen.respond(request, generation, dialect)
+        if run is not None:
+            response = await respond_hosted(request, generation, dialect, run,
+                                            list(req.approvals),
+                                            req.max_tool_calls or DEFAULT_MAX_STEPS)
+        else:
+            response = await gen.respond(request, generation, dialect)
     except ContextOverflow as e:
         raise ContextOverflow(e.message.replace("max_tokens", "max_output_tokens"),
                               param="input") from None
@@ -67,7 +85,7 @@ def _prompt(req: ResponsesRequest) -> gen.ChatPrompt:
     return gen.ChatPrompt(req.messages, req.structured.tools, req.think.on)
 
 
-class _Responses(gen.SseDialect):
+class _Responses(HostedDialect):
     """The Responses API's side of a generation: its parameters as parsed,
     the answer read for tool calls and thoughts, its typed events."""
 
@@ -90,10 +108,16 @@ class _Responses(gen.SseDialect):
         return Reply(ResponseObject(generation.model, self.req.echo), AnswerReader(generation.setup),
                      items, self._keep)
 
-    def _keep(self, response: dict, assistant: dict) -> None:
+    def writer(self, generation: gen.Generation, hosted: HostedTools) -> McpReply:
+        items = OutputItems(self.req.tools.namespaces,
+                            self.store.seal if self.req.sealed else None)
+        return McpReply(ResponseObject(generation.model, self.req.echo), items, hosted,
+                        self._keep)
+
+    def _keep(self, response: dict, added: list[dict]) -> None:
         if self.req.store:
             self.store.put(StoredResponse(response, self.req.input_items,
-                                          [*self.req.history, assistant]))
+                                          [*self.req.history, *added]))
 
 
 @router.post("/v1/responses/input_tokens")
