@@ -26,6 +26,7 @@ from starlette.background import BackgroundTask
 from llmctl.errors import LlmctlError
 from llmctl.runtime.engine.events import ErrorEvent, TokenEvent, Usage
 from llmctl.runtime.formats.tool_calls import ToolCall, ToolFormat
+from llmctl.runtime.formats.tool_schema import ToolChoice
 from llmctl.runtime.pool.model_pool import Lease
 from llmctl.runtime.sampling import SamplingParams
 from llmctl.server import generation as gen
@@ -34,7 +35,7 @@ from llmctl.server.answer_reader import AnswerEvent, AnswerReader, Finish, fold
 from llmctl.server.hosted_tools import HostedTools
 from llmctl.server.state import ServerState, leased, state_of
 from llmctl.server.workers import parse_within_deadline, run_on
-from llmctl.tools.agent import DEFAULT_MAX_STEPS, Route
+from llmctl.tools.agent import DEFAULT_MAX_STEPS, WITHDRAWN, Route
 from llmctl.tools.mcp_hub import McpOutcome
 
 
@@ -127,14 +128,27 @@ class _Rounds:
         self.usage = Usage()
         self.params = SamplingParams()
         self.fmt, self.thinks = ToolFormat.NONE, False
+        self.later = self.params            # the rounds after the first
+        self.opened = 0                     # rounds opened
+        self.bare = self.params             # without the tools
+        self.withdrawn = False              # the tools were withdrawn for an answer
 
     async def respond(self, decisions: list[Decision]) -> Response:
         llm = self.lease.llm
         template = llm.chat_template(self.preset.template if self.preset else None)
         self.fmt, self.thinks = template.tool_format, template.thinks
         params = self.dialect.sampling(llm.n_ctx)
+        structured = self.req.structured
         self.params = await parse_within_deadline(
-            self.state.workers, "tools", self.req.structured.sampling, params, self.fmt)
+            self.state.workers, "tools", structured.sampling, params, self.fmt)
+        # A call that tool_choice forces is the first round's: the rounds
+        # after its result may answer (else "required" calls until the cap).
+        self.later = self.params
+        self.bare = replace(structured, choice=ToolChoice("none")).sampling(params, self.fmt)
+        if structured.choice.mode in ("required", "function"):
+            auto = replace(structured, choice=ToolChoice("auto"))
+            self.later = await parse_within_deadline(self.state.workers, "tools", auto.sampling,
+                                                     params, self.fmt)
         decided = [await self._decide(d) for d in decisions]
         first = await self._open()
         name = self.preset.name if self.preset else self.lease.name
@@ -179,10 +193,14 @@ class _Rounds:
         """The next round: its prompt rendered and its feed opened. Raises
         ContextOverflow, InvalidParams, and what LLM.open_feed raises."""
         llm = self.lease.llm
-        prompt = gen.ChatPrompt(self.messages, self.req.structured.tools, self.req.prompt.thinking)  # type: ignore[union-attr]
+        tools = None if self.withdrawn else self.req.structured.tools
+        prompt = gen.ChatPrompt(self.messages, tools, self.req.prompt.thinking)  # type: ignore[union-attr]
         tokens = await run_on(self.state.workers.render, gen.prompt_tokens, llm, prompt,
                               self.preset)
-        params = self.dialect.fit(self.params, len(tokens), llm.n_ctx)
+        params = self.dialect.fit(self.bare if self.withdrawn else
+                                  self.later if self.opened else self.params, len(tokens),
+                                  llm.n_ctx)
+        self.opened += 1
         facts = gen.PromptFacts("", self.fmt, self.thinks, llm.opens_thought(tokens))
         merged = gen.Merged(gen.open_feeds(llm, tokens, params, 1))
         ticket = ticket_of(self.request.scope)
@@ -271,7 +289,15 @@ class _Rounds:
                            self.usage.completion_tokens + u.completion_tokens,
                            self.usage.cached_tokens + u.cached_tokens)
         final = replace(r.finish, usage=self.usage)
-        routed = [(c, self.hosted.route(c.name)) for c in fold(r.events).calls]
+        folded = fold(r.events)
+        if not (folded.content or "").strip() and not folded.calls and self.calls \
+                and not self.withdrawn:
+            # An empty answer after tool results (small models stop there):
+            # asked once more, without the tools, to answer from them.
+            self.withdrawn = True
+            self.messages.append({"role": "user", "content": WITHDRAWN})
+            return "", True
+        routed = [(c, self.hosted.route(c.name)) for c in folded.calls]
         self._add(assistant(r.events))
         if r.finish.reason != "tool_calls" or not routed or any(t is None for _, t in routed):
             return writer.finish(final, self.added), False

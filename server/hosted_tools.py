@@ -112,12 +112,19 @@ class HostedTools:
     def needs_approval(self, route: Route) -> bool:
         return self.asks[route.tool.server].needs_approval(route.tool)
 
-    def merged(self, structured: Structured, choice_given: bool) -> Structured:
-        """`structured` with these tools offered beside the request's own
-        (tool_choice "auto" where the request gave none)."""
+    def merged(self, structured: Structured, choice: str | None) -> Structured:
+        """`structured` with these tools offered beside the request's own.
+        `choice` is the request's tool_choice: "required" where it asked
+        for a call and has only these tools, "keep" for the one it gave,
+        None for none given ("auto")."""
         tools = (structured.tools or []) + function_tools(self.routes)
-        choice = structured.choice if choice_given or structured.tools else ToolChoice("auto")
-        return replace(structured, tools=tools or None, choice=choice)
+        if choice == "required":
+            picked = ToolChoice("required")
+        elif choice == "keep" or structured.tools:
+            picked = structured.choice
+        else:
+            picked = ToolChoice("auto")
+        return replace(structured, tools=tools or None, choice=picked)
 
 
 async def list_hosted(hub: McpHub, asks: list[ServerAsk], taken: set[str]) -> HostedTools:

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -18,9 +19,11 @@ import pytest
 from conftest import wait_until
 from llmctl.bench.launcher import free_port
 from llmctl.config_file import load_config
-from llmctl.errors import UsageError
-from llmctl.tools.mcp_config import config_servers, load_mcp_file
-from llmctl.tools.mcp_hub import McpError, McpHub
+from llmctl.errors import InvalidParams, UsageError
+from llmctl.server.anthropic.mcp_request import mcp_asks
+from llmctl.server.responses.mcp_request import call_id_of, item_id, mcp_ask
+from llmctl.tools.mcp_config import McpServer, config_servers, load_mcp_file
+from llmctl.tools.mcp_hub import McpError, McpHub, McpTool
 
 HERE = Path(__file__).resolve().parent
 TOOLBOX = HERE / "mcp_servers" / "toolbox.py"
@@ -252,3 +255,79 @@ def test_run_on_the_default_model_reads_a_folder_and_answers(tmp_path, session_h
     assert "notes.txt" in outputs and "todo.md" in outputs and "oat milk" in outputs.lower()
     answer = got["text"].lower()
     assert "notes.txt" in answer and "oat milk" in answer, got
+
+
+# ---- what a request may ask of the servers `serve --mcp` runs (no model) --------------
+
+
+def _hub_of(**servers: McpServer) -> McpHub:
+    return McpHub({label: replace(s, label=label) for label, s in servers.items()})
+
+
+HUB = _hub_of(files=McpServer("files", command="node"), web=McpServer("web", url="http://h/mcp"))
+ADD = McpTool("files", "add", "", {}, read_only=True)
+WRITE = McpTool("files", "write", "", {}, read_only=False)
+
+
+def test_responses_mcp_tools_pick_tools_and_approvals():
+    ask = mcp_ask({"type": "mcp", "server_label": "files"}, "tools[0]", HUB)
+    assert ask.allows(ADD) and ask.needs_approval(ADD)          # OpenAI's default: always
+    ask = mcp_ask({"type": "mcp", "server_label": "files", "allowed_tools": {"read_only": True},
+                   "require_approval": {"never": {"read_only": True}}}, "t", HUB)
+    assert ask.allows(ADD) and not ask.allows(WRITE) and not ask.needs_approval(ADD)
+    ask = mcp_ask({"type": "mcp", "server_label": "web", "server_url": "http://h/mcp",
+                   "allowed_tools": ["write"], "require_approval": "never"}, "t", HUB)
+    assert ask.allows(WRITE) and not ask.allows(ADD) and not ask.needs_approval(WRITE)
+
+
+@pytest.mark.parametrize("tool, says", [
+    ({"server_label": "nope"}, "'nope' is not an MCP server configured"),
+    ({"server_label": "files", "server_url": "http://h/mcp"}, "reaches only the MCP servers"),
+    ({"server_label": "web", "server_url": "http://elsewhere/mcp"}, "reaches only"),
+    ({"server_label": "web", "authorization": "t"}, "'t.authorization'"),
+    ({"server_label": "web", "connector_id": "connector_gmail"}, "connectors"),
+    ({"server_label": "web", "require_approval": "sometimes"}, "require_approval"),
+    ({"server_label": "web", "allowed_tools": "add"}, "allowed_tools"),
+    ({"server_label": "web", "defer_loading": True}, "defer_loading"),
+    ({"server_label": "web", "ssh": True}, "'t.ssh' is not supported"),
+])
+def test_responses_mcp_tools_refuse_by_name(tool, says):
+    with pytest.raises(InvalidParams) as e:
+        mcp_ask({"type": "mcp", **tool}, "t", HUB)
+    assert says in e.value.message and e.value.param == "tools"
+
+
+def test_no_hub_refuses_any_mcp_tool():
+    with pytest.raises(InvalidParams) as e:
+        mcp_ask({"type": "mcp", "server_label": "files"}, "t", None)
+    assert "serve --mcp" in e.value.message
+
+
+def test_anthropic_mcp_servers_and_toolsets():
+    (ask,) = mcp_asks({"mcp_servers": [{"type": "url", "name": "web", "url": "http://h/mcp",
+                                        "tool_configuration": {"allowed_tools": ["add"]}}]}, HUB)
+    assert ask.label == "web" and not ask.ask_by_default
+    assert ask.allows(replace(ADD, server="web")) and not ask.allows(replace(WRITE, server="web"))
+    assert mcp_asks({"mcp_servers": [{"type": "url", "name": "files",
+                                      "tool_configuration": {"enabled": False}}]}, HUB) == ()
+    (ask,) = mcp_asks({"mcp_servers": [{"type": "url", "name": "files"}],
+                       "tools": [{"type": "mcp_toolset", "mcp_server_name": "files",
+                                  "configs": {"write": {"enabled": False}}}]}, HUB)
+    assert ask.allows(ADD) and not ask.allows(WRITE)
+    (ask,) = mcp_asks({"mcp_servers": [{"type": "url", "name": "files"}],
+                       "tools": [{"type": "mcp_toolset", "mcp_server_name": "files",
+                                  "default_config": {"enabled": False},
+                                  "configs": {"write": {"enabled": True}}}]}, HUB)
+    assert ask.allows(WRITE) and not ask.allows(ADD)
+    for body in ({"mcp_servers": [{"type": "url", "name": "files", "authorization_token": "t"}]},
+                 {"mcp_servers": [{"type": "url", "name": "web", "url": "https://x/mcp"}]},
+                 {"mcp_servers": [{"type": "url", "name": "web"}, {"type": "url", "name": "web"}]},
+                 {"mcp_servers": [], "tools": [{"type": "mcp_toolset", "mcp_server_name": "web"}]}):
+        with pytest.raises(InvalidParams):
+            mcp_asks(body, HUB)
+
+
+def test_mcp_item_ids_lead_back_to_their_call():
+    assert call_id_of(item_id("mcpr", "call_abc")) == "call_abc"
+    assert call_id_of(item_id("mcp", "call_abc")) == "call_abc"
+    assert call_id_of("something_else") == "something_else"

@@ -189,7 +189,9 @@ def _assistant(where: str, content: Any, names: dict[str, str], keeps_thought: b
         if calls:
             message["tool_calls"] = list(calls)
         out.append(message)
-        texts.clear(), thoughts.clear(), calls.clear()
+        texts.clear()
+        thoughts.clear()
+        calls.clear()
 
     for here, kind, block in _blocks(where, content):
         if kind == "text":

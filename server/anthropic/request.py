@@ -51,7 +51,7 @@ class MessagesRequest:
     ignored: list[str] = field(default_factory=list)   # accepted, not applied
     think: ThinkingAsk = ThinkingAsk()  # thinking and effort, for the template
     mcp: tuple[ServerAsk, ...] = ()     # the MCP servers the server runs for it
-    choice_given: bool = False          # tool_choice was sent
+    mcp_choice: str | None = None       # tool_choice for the MCP tools (HostedTools.merged)
 
 
 def parse_messages(body: dict, count_only: bool, defaults: SamplingParams,
@@ -72,14 +72,15 @@ def parse_messages(body: dict, count_only: bool, defaults: SamplingParams,
     if max_tokens is None and not count_only:
         raise InvalidParams("'max_tokens' is required", param="max_tokens")
     effort, fmt = _output_config(body)
+    asks = mcp_asks(body, hub)
     think = _thinking(body.get("thinking"), effort, ignored)
     edits = _edits(body.get("context_management"), ignored)
     messages = system_messages(body.get("system")) + chat_messages(body.get("messages"),
                                                                    keep_thinking(edits))
     return MessagesRequest(model or None, bool(typed_field(body, "stream", (bool,))),
                            _sampling(body, defaults, None if count_only else max_tokens),
-                           _structured(body, fmt, ignored), messages, think.on is True, ignored,
-                           think, mcp_asks(body, hub), body.get("tool_choice") is not None)
+                           _structured(body, fmt, ignored, asks), messages, think.on is True,
+                           ignored, think, asks, _mcp_choice(body, asks))
 
 
 def _shown(key: str) -> str:
@@ -226,9 +227,26 @@ def _choice(raw: Any, tools: list[dict] | None) -> tuple[str | dict | None, bool
     return choice, not disable
 
 
-def _structured(body: dict, schema: dict | None, ignored: list[str]) -> Structured:
+def _mcp_choice(body: dict, asks: tuple[ServerAsk, ...]) -> str | None:
+    """What tool_choice asks of the MCP tools (HostedTools.merged): "any"
+    held back from the checks where they are the only tools."""
+    raw = body.get("tool_choice")
+    if raw is None:
+        return None
+    own = [t for t in body.get("tools") or [] if isinstance(t, dict)
+           and t.get("type") != "mcp_toolset"]
+    forced = asks and not own and isinstance(raw, dict) and raw.get("type") == "any"
+    return "required" if forced else "keep"
+
+
+def _structured(body: dict, schema: dict | None, ignored: list[str],
+                asks: tuple[ServerAsk, ...] = ()) -> Structured:
     tools = _tools(body.get("tools"), ignored)
-    choice, parallel = _choice(body.get("tool_choice"), tools)
+    raw = body.get("tool_choice")
+    held = _mcp_choice(body, asks) == "required"
+    choice, parallel = _choice(None if held else raw, tools)
+    if held and isinstance(raw, dict):
+        parallel = raw.get("disable_parallel_tool_use") is not True
     fmt = None if schema is None else {"type": "json_schema",
                                        "json_schema": {"name": "output", "schema": schema}}
     try:

@@ -43,7 +43,7 @@ async def messages(request: Request) -> Response:
         assert state.mcp is not None    # parse_messages refused mcp_servers without one
         taken = {t["function"]["name"] for t in req.structured.tools or []}
         run = await list_hosted(state.mcp, list(req.mcp), taken)
-        req = replace(req, structured=run.merged(req.structured, req.choice_given))
+        req = replace(req, structured=run.merged(req.structured, req.mcp_choice))
     generation = gen.GenerationRequest(req.model, None, _prompt(req), req.structured,
                                        stream=req.stream)
     dialect = _Messages(req, state.reasoning_format)

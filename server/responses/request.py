@@ -94,7 +94,7 @@ class ResponsesRequest:
     keep_alive: object = None
     think: ThinkingAsk = ThinkingAsk()  # reasoning.effort, for the template
     max_tool_calls: int | None = None   # MCP calls the server may run for it
-    choice_given: bool = False          # tool_choice was sent
+    mcp_choice: str | None = None       # tool_choice for the MCP tools (HostedTools.merged)
     approvals: tuple[Decision, ...] = ()    # mcp_approval_response items, resolved
 
 
@@ -184,8 +184,18 @@ def _text_format(text: Any) -> tuple[dict | None, dict, tuple[str, ...]]:
     return {"type": "json_schema", "json_schema": spec}, {**text, "format": fmt}, ignored
 
 
+def _mcp_choice(body: dict, tools: Tools) -> str | None:
+    """What tool_choice asks of the MCP tools: "required" held back from
+    the checks where they are the only tools (they are listed later)."""
+    if body.get("tool_choice") is None:
+        return None
+    return "required" if tools.mcp and not tools.chat and \
+        body.get("tool_choice") == "required" else "keep"
+
+
 def _structured(body: dict, tools: Tools, response_format: dict | None) -> Structured:
-    chat_body = {"tools": tools.chat, "tool_choice": _tool_choice(body.get("tool_choice")),
+    choice = None if _mcp_choice(body, tools) == "required" else body.get("tool_choice")
+    chat_body = {"tools": tools.chat, "tool_choice": _tool_choice(choice),
                  "parallel_tool_calls": body.get("parallel_tool_calls"),
                  "response_format": response_format}
     try:
@@ -332,4 +342,4 @@ def parse_request(body: dict, chat: bool, defaults: SamplingParams, *,
     return ResponsesRequest(model, stream, stored, params, structured, system + history, history,
                             items, tools, sealed, ignored_text + ignored_reasoning, echo,
                             body.get("keep_alive"), think, _max_tool_calls(body),
-                            body.get("tool_choice") is not None, approvals)
+                            _mcp_choice(body, tools), approvals)

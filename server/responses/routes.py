@@ -62,7 +62,7 @@ async def create(request: Request) -> Response:
         assert hub is not None          # parse_request refused mcp tools without one
         taken = {t["function"]["name"] for t in req.tools.chat}
         run = await list_hosted(hub, list(req.tools.mcp), taken)
-        req = replace(req, structured=run.merged(req.structured, req.choice_given))
+        req = replace(req, structured=run.merged(req.structured, req.mcp_choice))
     generation = gen.GenerationRequest(req.model, req.keep_alive, _prompt(req),
                                        req.structured, stream=req.stream)
     dialect = _Responses(req, store, state_of(request).reasoning_format)
