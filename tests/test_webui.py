@@ -104,7 +104,7 @@ def test_page_loads_with_strict_csp_small_and_fast(srv, browser):
     print("webui figures:", figures)
     IMAGES.mkdir(parents=True, exist_ok=True)
     (IMAGES / "webui-figures.json").write_text(json.dumps(figures, indent=1) + "\n")
-    assert first["files"] == again["files"] == 8 and first["body_bytes"] > 10_000
+    assert first["files"] == again["files"] == 9 and first["body_bytes"] > 10_000
     assert first["transfer_bytes"] < 150_000
     assert again["transfer_bytes"] < first["transfer_bytes"] / 4
     # Offline: nothing but this server is asked for anything.

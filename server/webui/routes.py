@@ -104,11 +104,14 @@ def _catalogue(state: ServerState) -> list[dict]:
 
 @router.get("/webui/models")
 async def models(request: Request):
-    """GET /webui/models: the server's default model and the models the page
-    can pick, each with whether it is loaded (or loading) and its memory."""
+    """GET /webui/models: the server's default model, the models the page
+    can pick, each with whether it is loaded (or loading) and its memory,
+    and the MCP servers whose tools requests may have it run (--mcp)."""
     state = state_of(request)
+    servers = state.mcp.servers.values() if state.mcp is not None else []
     return {"default": state.default,
-            "models": await run_on(state.workers.query, _catalogue, state)}
+            "models": await run_on(state.workers.query, _catalogue, state),
+            "mcp": [{"label": s.label, "description": s.description} for s in servers]}
 
 
 @router.post("/webui/load")

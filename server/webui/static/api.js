@@ -108,3 +108,25 @@ export async function streamChat(body, signal, on) {
   }
   return { usage, finish };
 }
+
+// Stream a Responses API answer (the server runs its MCP tools for it):
+// `on.event(event)` for each typed event; the final response object is
+// returned. An `error` event or a failed response throws.
+export async function streamResponse(body, signal, on) {
+  const response = await call("/v1/responses", {
+    method: "POST", signal, body: JSON.stringify({ ...body, stream: true }),
+  });
+  let final = null;
+  for await (const event of events(response)) {
+    if (event.type === "error") throw new ApiError(event.message || "the answer failed", null);
+    if (event.type === "response.failed") {
+      throw new ApiError(event.response?.error?.message || "the answer failed", null);
+    }
+    if (event.type === "response.completed" || event.type === "response.incomplete") {
+      final = event.response;
+    }
+    on.event(event);
+    if (final) return final;
+  }
+  return final;
+}

@@ -5,6 +5,7 @@
 import * as api from "./api.js";
 import * as store from "./store.js";
 import { drawList } from "./sidebar.js";
+import { approvalBody, responsesBody, streamMcp } from "./mcp.js";
 import { answerStats, fill, messageNode } from "./view.js";
 
 const $ = (id) => document.getElementById(id);
@@ -12,6 +13,7 @@ const convs = new store.Conversations();
 const settings = store.loadSettings();
 let models = [];                // GET /webui/models' list
 let running = null;             // the AbortController of the answer streaming now
+let mcpServers = [];            // the MCP servers the server runs tools of (serve --mcp)
 
 function setStatus(text, state) {
   const status = $("model-status");
@@ -42,6 +44,9 @@ function showModels() {
 async function refreshModels() {
   const data = await api.listModels();
   models = data.models;
+  mcpServers = data.mcp || [];
+  $("mcp-row").hidden = !mcpServers.length;
+  $("mcp-names").textContent = mcpServers.map((s) => s.label).join(", ");
   if (!models.some((m) => m.name === settings.model)) {
     settings.model = models.some((m) => m.name === data.default) ? data.default
       : (models[0] || {}).name || "";
@@ -132,20 +137,9 @@ function setRunning(on) {
   document.body.dataset.streaming = on ? "1" : "";
 }
 
-async function send() {
-  const text = $("input").value;
-  if (!text.trim() || running) return;
-  const conv = convs.ensure();
-  conv.messages.push({ role: "user", content: text });
-  if (conv.title === "New chat") conv.title = text.trim().slice(0, 40);
-  const answer = { role: "assistant", content: "", model: settings.model };
-  conv.messages.push(answer);
-  convs.save();
-  $("input").value = "";
-  showConversation();
-  const node = $("messages").lastElementChild;
-  const picked = models.find((m) => m.name === settings.model);
-  if (picked && !picked.loaded) setStatus("loading " + picked.name + "…", "loading");
+// Stream an answer into `answer` (drawn in `node`): `run(signal, on)`
+// asks the server and returns {usage, finish}.
+async function answerInto(answer, node, run) {
   const controller = new AbortController();
   running = controller;
   setRunning(true);
@@ -162,9 +156,9 @@ async function send() {
     });
   };
   try {
-    const { usage, finish } = await api.streamChat(requestBody(conv), controller.signal, {
-      first: () => { tFirst = performance.now(); },
-      delta: (d) => { applyDelta(answer, d); paint(); },
+    const { usage, finish } = await run(controller.signal, {
+      first: () => { tFirst = tFirst ?? performance.now(); },
+      delta: paint,
     });
     answer.stats = answerStats(usage, t0, tFirst, performance.now(), finish);
   } catch (e) {
@@ -179,6 +173,52 @@ async function send() {
     scrollDown();
   }
   refreshModels().catch(() => {});   // the answer may have loaded its model
+}
+
+// The server's MCP servers, when the setting uses them.
+function usedMcp() {
+  return settings.mcp ? mcpServers : [];
+}
+
+async function send() {
+  const text = $("input").value;
+  if (!text.trim() || running) return;
+  const conv = convs.ensure();
+  conv.messages.push({ role: "user", content: text });
+  if (conv.title === "New chat") conv.title = text.trim().slice(0, 40);
+  const answer = { role: "assistant", content: "", model: settings.model };
+  conv.messages.push(answer);
+  convs.save();
+  $("input").value = "";
+  showConversation();
+  const node = $("messages").lastElementChild;
+  const picked = models.find((m) => m.name === settings.model);
+  if (picked && !picked.loaded) setStatus("loading " + picked.name + "…", "loading");
+  let body;
+  try {
+    body = requestBody(conv);
+  } catch (e) {
+    answer.error = describe(e);
+    fill(node, answer);
+    return;
+  }
+  const servers = usedMcp();
+  await answerInto(answer, node, servers.length
+    ? (signal, on) => streamMcp(responsesBody(body, servers), signal, answer, on)
+    : (signal, on) => api.streamChat(body, signal, {
+      first: on.first, delta: (d) => { applyDelta(answer, d); on.delta(); } }));
+}
+
+// An Approve or Decline button of an MCP call: the answer goes on.
+async function decide(node, id, approve) {
+  const answer = node._msg;
+  const asked = (answer.approvals || []).find((a) => a.id === id);
+  if (!asked || asked.state !== "asked" || running) return;
+  asked.state = approve ? "approved" : "declined";
+  answer.error = null;
+  fill(node, answer);
+  const body = approvalBody(answer, id, approve, usedMcp(), settings);
+  await answerInto(answer, node, (signal, on) => streamMcp(body, signal, answer, on));
 }
 
 function stop() {
@@ -220,6 +260,11 @@ function bindSettings() {
       });
     }
   }
+  $("mcp").checked = settings.mcp;
+  $("mcp").addEventListener("change", () => {
+    settings.mcp = $("mcp").checked;
+    store.saveSettings(settings);
+  });
   $("json").checked = settings.json;
   $("json").addEventListener("change", () => {
     settings.json = $("json").checked;
@@ -241,6 +286,10 @@ function bindControls() {
     send();
   });
   $("stop").addEventListener("click", stop);
+  $("messages").addEventListener("click", (ev) => {
+    const button = ev.target.closest("button[data-approval]");
+    if (button) decide(button.closest(".msg"), button.dataset.approval, button.dataset.approve === "1");
+  });
   $("input").addEventListener("keydown", (ev) => {
     if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
       ev.preventDefault();

@@ -8,7 +8,7 @@ const SETTINGS = "llmctl.settings";
 const KEY = "llmctl.apiKey";
 
 export const DEFAULT_SETTINGS = {
-  model: "", system: "", temperature: 0.7, maxTokens: 512, json: false, tools: "",
+  model: "", system: "", temperature: 0.7, maxTokens: 512, json: false, tools: "", mcp: true,
 };
 
 function read(name, fallback) {

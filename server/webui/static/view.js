@@ -25,6 +25,44 @@ function toolBlock(call) {
   return block;
 }
 
+function pretty(args) {
+  try {
+    return JSON.stringify(JSON.parse(args), null, 2);
+  } catch {
+    return args || "";
+  }
+}
+
+// A call the server ran with an MCP tool: folded, its status on the fold.
+function mcpBlock(call) {
+  const block = el("details", "mcp-call");
+  block.dataset.status = call.status || "";
+  const mark = { completed: "✓", failed: "✗" }[call.status] || "…";
+  block.append(el("summary", null, mark + " " + call.server + "." + call.name));
+  block.append(codeBlock(pretty(call.arguments), "json"));
+  if (call.error) block.append(el("div", "mcp-error", call.error));
+  else if (call.output != null) block.append(el("pre", "mcp-output", call.output));
+  return block;
+}
+
+// A call waiting for the user's yes: Approve and Decline, then the choice.
+function approvalBlock(asked) {
+  const block = el("div", "mcp-approval");
+  block.dataset.state = asked.state;
+  block.append(el("div", "tool-name", "Run " + asked.server + "." + asked.name + "?"));
+  block.append(codeBlock(pretty(asked.arguments), "json"));
+  if (asked.state === "asked") {
+    for (const [label, yes] of [["Approve", "1"], ["Decline", "0"]]) {
+      const button = el("button", yes === "1" ? "approve" : "decline", label);
+      button.type = "button";
+      button.dataset.approval = asked.id;
+      button.dataset.approve = yes;
+      block.append(button);
+    }
+  } else block.append(el("span", "mcp-choice", asked.state));
+  return block;
+}
+
 function figures(stats) {
   const parts = [];
   if (stats.tokens != null) parts.push(stats.tokens + " tokens");
@@ -43,6 +81,8 @@ export function fill(node, msg) {
     parts.reasoning.hidden = false;
     parts.reasoningText.textContent = msg.reasoning;
   }
+  parts.mcp.replaceChildren(...(msg.mcp || []).map(mcpBlock),
+                           ...(msg.approvals || []).map(approvalBlock));
   render(parts.content, msg.content || "");
   parts.tools.replaceChildren(...(msg.toolCalls || []).map(toolBlock));
   parts.stats.textContent = msg.stats ? figures(msg.stats) : "";
@@ -58,12 +98,14 @@ export function messageNode(msg) {
   reasoning.append(el("summary", null, "Reasoning"));
   const reasoningText = el("div", "reasoning-text");
   reasoning.append(reasoningText);
+  const mcp = el("div", "mcp");
   const content = el("div", "content");
   const tools = el("div", "tools");
   const error = el("div", "error");
   const stats = el("div", "stats");
-  node.append(reasoning, content, tools, error, stats);
-  node._parts = { reasoning, reasoningText, content, tools, error, stats };
+  node.append(reasoning, mcp, content, tools, error, stats);
+  node._parts = { reasoning, reasoningText, mcp, content, tools, error, stats };
+  node._msg = msg;
   if (msg.role === "user") {
     content.classList.add("plain");     // a person's text, shown as typed
     content.textContent = msg.content;
