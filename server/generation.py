@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator, Callable, Protocol, TypeVar
 
 from fastapi import Request
@@ -33,6 +33,7 @@ from llmctl.runtime.sampling import SamplingParams
 from llmctl.server.admission import ticket_of
 from llmctl.server.answer_reader import ToolSetup
 from llmctl.server.body import INLINE_BYTES, json_body
+from llmctl.server.repeat_guard import ANSWER_NOW, RepeatGuard, answered_calls
 from llmctl.server.state import ServerState, leased, state_of
 from llmctl.server.tool_protocol import Structured
 from llmctl.server.workers import converting_field, parse_within_deadline, run_on
@@ -230,7 +231,8 @@ async def _on_lease(request: Request, state: ServerState, req: GenerationRequest
     setup = dialect.reading(PromptFacts(name, template.tool_format, template.thinks,
                                         llm.opens_thought(tokens)))
     frames = dialect.frames(Generation(name, leased_at, setup, params, req.n, len(tokens)))
-    merged = Merged(open_feeds(llm, tokens, params, req.n))
+    merged = _guarded(Merged(open_feeds(llm, tokens, params, req.n)), state, req, setup,
+                      (llm, preset, params, dialect))
     if ticket is not None:
         ticket.feeds = merged.feeds     # it leaves the queue once they hold a slot
     # A client that leaves cancels this handler wherever it waits (the
@@ -251,6 +253,27 @@ async def _on_lease(request: Request, state: ServerState, req: GenerationRequest
     if answers is None:             # the client is gone: nobody reads this
         return Response(status_code=499)
     return JSONResponse(frames.body(answers))
+
+
+def _guarded(merged: "Merged", state: ServerState, req: GenerationRequest,
+             setup: ToolSetup | None, held: tuple) -> "Merged | RepeatGuard":
+    """`merged`, guarded against an answer that only repeats the calls
+    whose results end the conversation (server/repeat_guard.py)."""
+    if req.n != 1 or setup is None or not isinstance(req.prompt, ChatPrompt) \
+            or not req.structured.tools or req.structured.choice.mode != "auto":
+        return merged
+    answered = answered_calls(req.prompt.messages)
+    if not answered:
+        return merged
+    llm, preset, params, dialect = held
+    prompt = replace(req.prompt, messages=[*req.prompt.messages,
+                                           {"role": "user", "content": ANSWER_NOW}])
+
+    async def again() -> Merged:
+        tokens = await run_on(state.workers.render, prompt_tokens, llm, prompt, preset)
+        return Merged(open_feeds(llm, tokens, dialect.fit(params, len(tokens), llm.n_ctx), 1))
+
+    return RepeatGuard(merged, setup, answered, again)
 
 
 def prompt_tokens(llm: LLM, prompt: Prompt, preset: Preset | None = None) -> list[int]:
@@ -330,7 +353,7 @@ class Merged:
             feed.close()
 
 
-async def _stream(merged: Merged, frames: Frames, keepalive: tuple[str | None, float],
+async def _stream(merged: Merged | RepeatGuard, frames: Frames, keepalive: tuple[str | None, float],
                   lease: Lease) -> AsyncIterator[str]:
     """The frames of `merged`, and `keepalive`'s (frame, seconds): that frame
     after that long without one (None: never)."""
@@ -356,7 +379,7 @@ async def _stream(merged: Merged, frames: Frames, keepalive: tuple[str | None, f
         lease.release()
 
 
-async def collect(merged: Merged) -> list[Answer] | None:
+async def collect(merged: Merged | RepeatGuard) -> list[Answer] | None:
     """Every stream's whole answer, in order; None when the request was
     cancelled (its client left). Raises the error an ErrorEvent carries."""
     n = len(merged.feeds)
