@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
-from rich.table import Table
+from rich.markup import escape
 from typing_extensions import Annotated
 
 from llmctl import settings
 from llmctl.cli import options as o
 from llmctl.cli.common import handle_errors, human_bytes, out, print_json
+from llmctl.cli.tables import fitted
 from llmctl.runtime.prefix_cache import disk as kv_disk
 
 
@@ -31,12 +32,11 @@ def ls(json: o.Json = False) -> None:
         print_json({"path": str(_root()), "caches": rows,
                     "total_bytes": sum(r["bytes"] for r in rows)})
         return
-    table = Table("MODEL", "CTX/SEQ", "SEQS", "ENTRIES", "TOKENS", "SIZE", "SHA256",
-                  title=f"Prefix cache ({_root()})", title_justify="left")
-    for r in rows:
-        table.add_row(r["model"], str(r["n_ctx_seq"]), str(r["n_seq_max"]), str(r["entries"]),
-                      f"{r['tokens']:,}", human_bytes(r["bytes"]), r["sha256"][:12])
-    out.print(table)
+    cells = [[escape(r["model"]), str(r["n_ctx_seq"]), str(r["n_seq_max"]), str(r["entries"]),
+              f"{r['tokens']:,}", human_bytes(r["bytes"]), r["sha256"][:12]] for r in rows]
+    out.print(fitted(("MODEL", "CTX/SEQ", "SEQS", "ENTRIES", "TOKENS", "SIZE", "SHA256"), cells,
+                     out, whole=("MODEL",), drops=("SHA256", "CTX/SEQ", "SEQS", "ENTRIES"),
+                     title=escape(f"Prefix cache ({_root()})"), title_justify="left"))
     if not rows:
         out.print("(empty)")
 

@@ -13,12 +13,13 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import typer
-from rich.table import Table as RichTable
+from rich.markup import escape
 from typing_extensions import Annotated
 
 from llmctl import settings
 from llmctl.cli import options as o
 from llmctl.cli.common import handle_errors, out, print_json
+from llmctl.cli.tables import fitted
 from llmctl.config_file import ConfigError, ConfigFile, Setting, Table, load_config
 
 if TYPE_CHECKING:
@@ -232,11 +233,10 @@ def show(
     if not any(report.values()):
         out.print("every setting is at its built-in default")
         return
-    table = RichTable("COMMAND", "SETTING", "VALUE", "SOURCE")
-    for name, rows in report.items():
-        for key, row in rows.items():
-            table.add_row(name, key, str(row["value"]), row["source"])
-    out.print(table)
+    cells = [[name, key, escape(str(row["value"])), escape(row["source"])]
+             for name, rows in report.items() for key, row in rows.items()]
+    out.print(fitted(("COMMAND", "SETTING", "VALUE", "SOURCE"), cells, out,
+                     whole=("COMMAND", "SETTING")))
 
 
 def register(app: typer.Typer) -> None:

@@ -42,6 +42,8 @@ def info(json: o.Json = False, no_exactness: NoExactness = False) -> None:
         print_json({**s.to_dict(), **({"exactness": exactness} if exactness else {})})
         return
     table = Table(show_header=False, box=None)
+    table.add_column(no_wrap=True)          # names whole, values wrapped: never cut
+    table.add_column(overflow="fold")
     table.add_row("[bold]backend[/]", "llama.cpp via llama-cpp-python " + _lcp_version())
     table.add_row("[bold]GPU offload[/]", "supported" if s.gpu_offload else "not in this build (CPU only)")
     table.add_row("[bold]CPU features[/]", " ".join(s.cpu_features) or "-")

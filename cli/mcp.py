@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
-from rich.table import Table
+from rich.markup import escape
 from typing_extensions import Annotated
 
 from llmctl.cli import options as o
 from llmctl.cli.common import err, handle_errors, out, print_json
+from llmctl.cli.tables import fitted
 from llmctl.errors import UsageError
 
 if TYPE_CHECKING:
@@ -129,18 +130,16 @@ def ls(mcp: McpOpt = None, json: o.Json = False) -> None:
     if not rows:
         out.print("No MCP servers are configured (--mcp FILE, or [mcp.servers.NAME] tables).")
         return
-    table = Table(box=None, pad_edge=False)
-    table.add_column("server", no_wrap=True)
-    table.add_column("tool", no_wrap=True)
-    table.add_column("reads only")
-    table.add_column("description", overflow="fold", ratio=1)
+    cells = []
     for row in rows:
         if "error" in row:
-            table.add_row(row["server"], "", "", f"[red]{row['error']}[/]")
+            cells.append([row["server"], "", "", f"[red]{escape(row['error'])}[/]"])
         for t in row.get("tools", []):
-            table.add_row(row["server"], t["name"], "yes" if t["annotations"]["read_only"]
-                          else "", short(t["description"]))
-    out.print(table)
+            cells.append([row["server"], t["name"], "yes" if t["annotations"]["read_only"]
+                          else "", escape(short(t["description"]))])
+    out.print(fitted(("server", "tool", "reads only", "description"), cells, out,
+                     whole=("server", "tool"), drops=("reads only",), box=None,
+                     pad_edge=False))
 
 
 def register(app: typer.Typer) -> None:

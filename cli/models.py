@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import typer
-from rich.table import Table
+from rich.markup import escape
 from typing_extensions import Annotated
 
 from llmctl.cli import options as o
 from llmctl.cli.common import handle_errors, human_bytes, out, print_json
 from llmctl.cli.complete import model_names
+from llmctl.cli.tables import fitted, pairs
 from llmctl.store.manage import list_models, remove_model, show_model
 
 if TYPE_CHECKING:
@@ -32,18 +33,16 @@ def list_cmd(json: o.Json = False) -> None:
         print_json({"models": [e.to_dict() for e in listing.local],
                     "available": listing.available})
         return
-    table = Table("NAME", "ARCH", "PARAMS", "QUANT", "SIZE", "CONTEXT", "SOURCE",
-                  title="Local models", title_justify="left")
-    for e in listing.local:
-        table.add_row(e.name, e.architecture, human_count(e.parameters), e.quant,
-                      human_bytes(e.size), str(e.context_length), e.source)
-    out.print(table)
+    rows = [[e.name, e.architecture, human_count(e.parameters), e.quant, human_bytes(e.size),
+             str(e.context_length), e.source] for e in listing.local]
+    out.print(fitted(("NAME", "ARCH", "PARAMS", "QUANT", "SIZE", "CONTEXT", "SOURCE"), rows, out,
+                     whole=("NAME",), drops=("SOURCE", "CONTEXT", "ARCH"),
+                     title="Local models", title_justify="left"))
     if listing.available:
-        avail = Table("NAME", "REPO", "DESCRIPTION", title="Available (llmctl pull NAME)",
-                      title_justify="left")
-        for m in listing.available:
-            avail.add_row(m["name"], m["repo"], m["description"])
-        out.print(avail)
+        rows = [[m["name"], m["repo"], m["description"]] for m in listing.available]
+        out.print(fitted(("NAME", "REPO", "DESCRIPTION"), rows, out, whole=("NAME",),
+                         drops=("REPO",), title="Available (llmctl pull NAME)",
+                         title_justify="left"))
 
 
 def template_source(name: str, path: str) -> TemplateSource:
@@ -79,18 +78,19 @@ def show(
         print_json(data)
         return
     mem = data.pop("memory")
-    table = Table(show_header=False, box=None)
+    rows = []
     for key, value in data.items():
         if key == "parameters":
             value = f"{human_count(value)} ({value:,})"
         elif key == "size":
             value = human_bytes(value)
-        table.add_row(f"[bold]{key}[/]", str(value))
-    table.add_row("[bold]kv_type[/]", mem["kv_type"])
-    table.add_row("[bold]memory[/]",
-                  f"{human_bytes(mem['total_bytes'])} at ctx {mem['ctx_size']} = weights "
-                  f"{human_bytes(mem['weights_bytes'])} + KV cache {human_bytes(mem['kv_cache_bytes'])}")
-    out.print(table)
+        rows.append((f"[bold]{key}[/]", escape(str(value))))
+    rows.append(("[bold]kv_type[/]", mem["kv_type"]))
+    rows.append(("[bold]memory[/]",
+                 f"{human_bytes(mem['total_bytes'])} at ctx {mem['ctx_size']} = weights "
+                 f"{human_bytes(mem['weights_bytes'])} + KV cache "
+                 f"{human_bytes(mem['kv_cache_bytes'])}"))
+    out.print(pairs(rows))
 
 
 @handle_errors

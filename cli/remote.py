@@ -7,11 +7,12 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import typer
-from rich.table import Table
+from rich.markup import escape
 from typing_extensions import Annotated
 
 from llmctl.cli import options as o
 from llmctl.cli.common import err, handle_errors, human_bytes, out, print_json
+from llmctl.cli.tables import fitted
 from llmctl.errors import AuthError, LlmctlError, ModelNotFound, ServerUnreachable, UsageError
 
 Url = Annotated[str, typer.Option(
@@ -82,15 +83,16 @@ def ps(url: Url = DEFAULT_URL, api_key: ApiKey = "", json: o.Json = False) -> No
     if not models:
         err.print("no models loaded")
     else:
-        table = Table("NAME", "SIZE", "CONTEXT", "SLOTS", "QUEUED", "IDLE", "UNLOADS")
+        cells = []
         for m in models:
             extra = m.get("llmctl", {})
             slots = f"{extra.get('slots_running', '?')}/{extra.get('slots', '?')}"
             idle = "busy" if extra.get("requests_active") else _ago(extra.get("idle_s", 0.0))
-            table.add_row(m["name"], human_bytes(m.get("size", 0)),
+            cells.append([escape(m["name"]), human_bytes(m.get("size", 0)),
                           str(m.get("context_length", "?")), slots, str(extra.get("queued", "?")),
-                          idle, _until(m.get("expires_at", ""), extra.get("keep_alive_s")))
-        out.print(table)
+                          idle, _until(m.get("expires_at", ""), extra.get("keep_alive_s"))])
+        out.print(fitted(("NAME", "SIZE", "CONTEXT", "SLOTS", "QUEUED", "IDLE", "UNLOADS"), cells,
+                         out, whole=("NAME",), drops=("UNLOADS", "CONTEXT", "QUEUED", "IDLE")))
     if queue:
         out.print(_queue_line(queue), markup=False)
 
