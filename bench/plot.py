@@ -5,18 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmctl.errors import UsageError
-
 ACCENT = "#2f9e44"
 INK = "#343a40"
 
 
 def require_matplotlib() -> None:
     """Fail before the benchmark, not after minutes of load."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'llmctl[plot]'") from None
+    from llmctl.extras import require
+
+    require("plot")
 
 
 def write_plot(run: dict, path: Path) -> None:

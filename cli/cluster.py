@@ -17,7 +17,6 @@ from typing_extensions import Annotated
 from llmctl.cli import options as o
 from llmctl.cli import serve as serve_command
 from llmctl.cli.common import err, handle_errors
-from llmctl.errors import UsageError
 
 if TYPE_CHECKING:
     from llmctl.cluster.deploy import ClusterSettings
@@ -131,16 +130,15 @@ def serve(
 
     Example: llmctl cluster serve smollm2 --replicas 2 --threads 4
     """
+    from llmctl.extras import require
+
+    require("cluster")      # before anything starts: Ray is imported as the cluster starts
+    from llmctl.cluster.deploy import ClusterSettings
+    from llmctl.cluster.replica import ReplicaSpec
     from llmctl.runtime.load_options import LoadOptions
     from llmctl.settings import Settings
     from llmctl.store.resolve import resolve_model
 
-    try:
-        from llmctl.cluster.deploy import ClusterSettings
-        from llmctl.cluster.replica import ReplicaSpec
-    except ImportError as e:
-        raise UsageError(f"`llmctl cluster` needs Ray Serve: pip install 'llmctl[cluster]' ({e})") \
-            from None
     settings = ClusterSettings(replicas=replicas, min_replicas=min_replicas,
                                max_replicas=max_replicas, router=router.value)
     spec = ReplicaSpec(resolve_model(model),

@@ -5,7 +5,6 @@ tool that may change something, each result shown in short)."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -38,10 +37,9 @@ SHOWN = 160         # characters of a call's arguments or result shown
 
 def require_sdk() -> None:
     """Raise UsageError naming the extra when the MCP SDK is not installed."""
-    if importlib.util.find_spec("mcp") is None:
-        raise UsageError("MCP tools need the `mcp` extra: run "
-                         "`LLMCTL_EXTRAS=plot,mcp ./scripts/llmctl ...` once, or "
-                         "`pip install 'llmctl[mcp]'`")
+    from llmctl.extras import require
+
+    require("mcp")
 
 
 def servers_for(path: Path | None, *, required: bool) -> dict[str, McpServer]:
