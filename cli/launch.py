@@ -41,6 +41,9 @@ AGENT_CTX = 32768
 # subagents) while a turn runs; a second slot keeps them from queuing
 # behind a long prefill. Every slot holds a full context, so no more.
 AGENT_SLOTS = 2
+# Models under this many parameters call tools, but do not finish an
+# agent's task (docs/tools.md, docs/launch.md): launch says so.
+AGENT_MIN_PARAMETERS = 1_000_000_000
 AGENT_ARGS = "llmctl.launch.args"
 
 EPILOG = f"""Agents: {', '.join(AGENTS)}. Arguments after -- go to the agent.
@@ -103,12 +106,18 @@ def _local_target(model: str | None, ctx_size: int | None, slots: int,
     resolve_model and read_gguf_info raise."""
     from llmctl.bench.launcher import Server
     from llmctl.store.gguf_info import read_gguf_info
-    from llmctl.store.resolve import resolve_model
+    from llmctl.store.resolve import default_model_name, resolve_model
 
     # A registry model in part packages is joined into the store on first use.
     with err.status(f"Finding {model or 'the default model'}…"):
         resolved = resolve_model(model)
-        trained = read_gguf_info(resolved.path).context_length
+        info = read_gguf_info(resolved.path)
+        trained = info.context_length
+    if info.parameters < AGENT_MIN_PARAMETERS:
+        err.print(f"warning: {resolved.name} ({info.parameters / 1e9:.2f}B parameters) is too "
+                  "small for agents: it calls tools but does not finish their tasks "
+                  f"(docs/launch.md); the default model is {default_model_name()}",
+                  markup=False, soft_wrap=True)
     if ctx_size is None:
         ctx_size = min(trained, AGENT_CTX) if trained else (resolved.context or 4096)
     args = [model or resolved.name, "--ctx-size", str(ctx_size), "--max-num-seqs", str(slots)]

@@ -29,6 +29,13 @@ CODEX_KEY_VAR = "LLMCTL_API_KEY"
 # own watchdog ends a stalled engine. Retrying would prefill again.
 AGENT_TIMEOUT_MS = 30 * 60 * 1000
 
+# The most an agent asks for in one answer. Claude Code asks for 32,000 on
+# every turn; at the 8-12 tokens/s a 1.5B model decodes on 2 CPU cores, a
+# model that does not stop would hold a turn for most of an hour (one first
+# request ran 3,062 decode steps in 20 minutes). 4,096 is several whole
+# files, and about 6 minutes there.
+AGENT_MAX_OUTPUT = 4096
+
 # Claude Code picks a model per task: the main loop (ANTHROPIC_MODEL), the
 # aliases a user or a setting can select (opus, sonnet, haiku), the small
 # model of background chores (ANTHROPIC_SMALL_FAST_MODEL, the name before
@@ -88,6 +95,9 @@ def _claude(t: Target) -> Pointing:
         # a local model needs nothing from Anthropic's servers.
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "API_TIMEOUT_MS": str(AGENT_TIMEOUT_MS),
+        # Your own value, when you set one, is kept.
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": os.environ.get("CLAUDE_CODE_MAX_OUTPUT_TOKENS")
+        or str(AGENT_MAX_OUTPUT),
     }
     return Pointing(env, secret=frozenset({"ANTHROPIC_AUTH_TOKEN"}))
 
@@ -107,6 +117,7 @@ def _codex(t: Target) -> Pointing:
         f"{provider}.env_key": CODEX_KEY_VAR,
         f"{provider}.stream_idle_timeout_ms": AGENT_TIMEOUT_MS,
         "model": t.model,
+        "model_max_output_tokens": AGENT_MAX_OUTPUT,   # a later -c after -- wins
     }
     if t.ctx_size:
         # Codex knows no window for a model it has never heard of: tell it,
