@@ -42,6 +42,7 @@ class ToolSetup:
     reasoning: bool = True
     started_in_thought: bool = False
     constrained: bool = False
+    doubled: bool = False           # the template teaches calls in doubled braces
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,8 @@ class AnswerReader:
         self.parallel = setup is None or setup.parallel
         self._parser = None if setup is None else ToolCallParser(
             setup.fmt, set(setup.names), setup.reasoning,
-            started_in_thought=setup.started_in_thought, constrained=setup.constrained)
+            started_in_thought=setup.started_in_thought, constrained=setup.constrained,
+            doubled=setup.doubled)
         self._open: dict[int, list] = {}     # index -> [id, name, argument pieces]
         self.n_calls = 0
         # Pieces fed before the first content or call, and whether a

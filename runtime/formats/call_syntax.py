@@ -27,6 +27,10 @@ FENCE_OPEN = re.compile(r"```[ \t]*(?:json|xml|tool_call)?[ \t]*\r?\n", re.IGNOR
 # first key is "name". Other JSON (another first key, an array) is content.
 BARE_CALL = re.compile(r'\{\s*"name"\s*:')
 BARE_CALL_SO_FAR = re.compile(r'\{\s*(?:"(?:n(?:a(?:m(?:e(?:"\s*)?)?)?)?)?)?')
+# The same call in doubled braces, as a template whose instructions show it
+# so (a Jinja string literal's `{{\"name\": ...}}`) teaches it.
+DOUBLED_CALL = re.compile(r'\{\{\s*"name"\s*:')
+DOUBLED_CALL_SO_FAR = re.compile(r'\{\{?\s*(?:"(?:n(?:a(?:m(?:e(?:"\s*)?)?)?)?)?)?')
 FENCE_OPEN_SO_FAR = re.compile(
     r"`{0,3}|```[ \t]*(?:%s)|```[ \t]*(?:json|xml|tool_call)?[ \t]*\r?"
     % "|".join(lang[:n] for lang in FENCE_LANGS for n in range(1, len(lang))), re.IGNORECASE)

@@ -88,6 +88,13 @@ class ChatTemplate:
         return detect_format(self.source)
 
     @property
+    def teaches_doubled_braces(self) -> bool:
+        """Whether its tool instructions show a call in doubled braces
+        (`{{"name": ...}}` from a Jinja string literal): a model copies
+        them, so such an answer is read as a call (docs/tools.md)."""
+        return '{{\\"name\\"' in self.source
+
+    @property
     def thinks(self) -> bool:
         """Whether the template knows a <think> block."""
         return THINK_OPEN in self.source

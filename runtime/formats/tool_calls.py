@@ -77,6 +77,8 @@ class ToolCallParser(GrammarSections):
     `cut` says the output stopped inside one (see call_stream.GrammarSections).
 
     `tool_names`: names a call may use; None accepts any, an empty set none.
+    `doubled`: the template teaches calls as `{{"name": ...}}`, and a bare
+    call in doubled braces is read as the call inside them.
     `reasoning`: a leading <think>…</think> goes to ThinkingDeltas; when
     False it stays in the content verbatim. Either way it is never parsed
     for tool calls. `started_in_thought`: the prompt already opened the
@@ -86,8 +88,10 @@ class ToolCallParser(GrammarSections):
 
     def __init__(self, fmt: ToolFormat, tool_names: set[str] | None = None,
                  reasoning: bool = True, *, started_in_thought: bool = False,
-                 new_id: Callable[[], str] | None = None, constrained: bool = False) -> None:
+                 new_id: Callable[[], str] | None = None, constrained: bool = False,
+                 doubled: bool = False) -> None:
         self._fmt = ToolFormat(fmt)
+        self._doubled = doubled     # a bare call may come in doubled braces
         self._init_grammar(constrained and self._fmt is ToolFormat.HERMES, started_in_thought)
         self._names = tool_names
         self._reasoning = reasoning
@@ -246,11 +250,12 @@ class ToolCallParser(GrammarSections):
 
     def _bare_opening(self, head: str, final: bool) -> bool:
         """A call object without tag or fence, or (another first key) content."""
-        if syn.BARE_CALL.match(head):
+        if syn.BARE_CALL.match(head) or (self._doubled and syn.DOUBLED_CALL.match(head)):
             self._open_section("bare", "")
             self._scan = Brackets(len(self._buf) - len(head))
             return True
-        if not final and syn.BARE_CALL_SO_FAR.fullmatch(head):
+        so_far = syn.DOUBLED_CALL_SO_FAR if self._doubled else syn.BARE_CALL_SO_FAR
+        if not final and so_far.fullmatch(head):
             return False
         return self._open_section("content", "")
 
@@ -287,7 +292,10 @@ class ToolCallParser(GrammarSections):
     def _hold(self, start: int, end: int, stop: int) -> bool:
         """A tagless call in buf[start:end], ending at buf[:stop]: held until
         what follows decides it, or content when it is not a call."""
-        calls = whole_calls(self._buf[start:end], self._names, self._head)
+        body = self._buf[start:end]
+        if self._doubled and body.startswith("{{") and body.endswith("}}"):
+            body = body[1:-1]       # the call inside the doubled braces
+        calls = whole_calls(body, self._names, self._head)
         if calls is None:
             return self._fail()
         self._held = (self._buf[:stop], calls)
