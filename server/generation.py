@@ -16,6 +16,7 @@ import asyncio
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import AsyncIterator, Callable, Protocol, TypeVar
 
 from fastapi import Request
@@ -33,7 +34,7 @@ from llmctl.runtime.sampling import SamplingParams
 from llmctl.server.admission import ticket_of
 from llmctl.server.answer_reader import ToolSetup
 from llmctl.server.body import INLINE_BYTES, json_body
-from llmctl.server.repeat_guard import ANSWER_NOW, RepeatGuard, answered_calls
+from llmctl.server.repeat_guard import RepeatGuard, guarded
 from llmctl.server.state import ServerState, leased, state_of
 from llmctl.server.tool_protocol import Structured
 from llmctl.server.workers import converting_field, parse_within_deadline, run_on
@@ -233,8 +234,10 @@ async def _on_lease(request: Request, state: ServerState, req: GenerationRequest
     if setup is not None and template.teaches_doubled_braces:
         setup = replace(setup, doubled=True)
     frames = dialect.frames(Generation(name, leased_at, setup, params, req.n, len(tokens)))
-    merged = _guarded(Merged(open_feeds(llm, tokens, params, req.n)), state, req, setup,
-                      (llm, preset, params, dialect))
+    merged: Merged | RepeatGuard = Merged(open_feeds(llm, tokens, params, req.n))
+    if isinstance(req.prompt, ChatPrompt) and setup is not None and req.n == 1:
+        merged = guarded(merged, req.prompt.messages, req.structured, setup,
+                         partial(_reopen, state, (llm, preset, params, dialect), req.prompt))
     if ticket is not None:
         ticket.feeds = merged.feeds     # it leaves the queue once they hold a slot
     # A client that leaves cancels this handler wherever it waits (the
@@ -257,25 +260,13 @@ async def _on_lease(request: Request, state: ServerState, req: GenerationRequest
     return JSONResponse(frames.body(answers))
 
 
-def _guarded(merged: "Merged", state: ServerState, req: GenerationRequest,
-             setup: ToolSetup | None, held: tuple) -> "Merged | RepeatGuard":
-    """`merged`, guarded against an answer that only repeats the calls
-    whose results end the conversation (server/repeat_guard.py)."""
-    if req.n != 1 or setup is None or not isinstance(req.prompt, ChatPrompt) \
-            or not req.structured.tools or req.structured.choice.mode != "auto":
-        return merged
-    answered = answered_calls(req.prompt.messages)
-    if not answered:
-        return merged
+async def _reopen(state: ServerState, held: tuple, prompt: ChatPrompt,
+                  messages: list[dict]) -> "Merged":
+    """`prompt` with `messages` instead, opened as a new answer (RepeatGuard's)."""
     llm, preset, params, dialect = held
-    prompt = replace(req.prompt, messages=[*req.prompt.messages,
-                                           {"role": "user", "content": ANSWER_NOW}])
-
-    async def again() -> Merged:
-        tokens = await run_on(state.workers.render, prompt_tokens, llm, prompt, preset)
-        return Merged(open_feeds(llm, tokens, dialect.fit(params, len(tokens), llm.n_ctx), 1))
-
-    return RepeatGuard(merged, setup, answered, again)
+    tokens = await run_on(state.workers.render, prompt_tokens, llm,
+                          replace(prompt, messages=messages), preset)
+    return Merged(open_feeds(llm, tokens, dialect.fit(params, len(tokens), llm.n_ctx), 1))
 
 
 def prompt_tokens(llm: LLM, prompt: Prompt, preset: Preset | None = None) -> list[int]:

@@ -24,6 +24,7 @@ from typing import Awaitable, Callable
 from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent
 from llmctl.runtime.formats.tool_calls import TextDelta
 from llmctl.server.answer_reader import AnswerReader, ToolCallEnd, ToolSetup
+from llmctl.server.tool_protocol import Structured
 
 log = logging.getLogger("llmctl.server")
 ANSWER_NOW = "The tool results above answer those calls. Answer the question now, from them."
@@ -52,6 +53,19 @@ def answered_calls(messages: list[dict]) -> set[tuple[str, str]]:
         return set()
     return {_key(c["function"].get("name", ""), c["function"].get("arguments"))
             for c in calls if isinstance(c, dict) and isinstance(c.get("function"), dict)}
+
+
+def guarded(merged, messages: list[dict], structured: Structured, setup: ToolSetup,
+            reopen: Callable[[list[dict]], Awaitable[object]]):
+    """`merged`, or a RepeatGuard over it where the rule applies (one
+    answer with tools under "auto", the conversation ending in results);
+    `reopen(messages)` opens the answer to the conversation given."""
+    answered = answered_calls(messages) if structured.tools and \
+        structured.choice.mode == "auto" else set()
+    if not answered:
+        return merged
+    again = [*messages, {"role": "user", "content": ANSWER_NOW}]
+    return RepeatGuard(merged, setup, answered, lambda: reopen(again))
 
 
 class RepeatGuard:
