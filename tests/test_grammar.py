@@ -190,8 +190,9 @@ def test_malformed_grammar_is_a_clear_error(llm, capfd):
 
 def test_unsupported_schema_keywords_are_named():
     cases = [({"type": "integer", "multipleOf": 2}, "multipleOf"),
-             ({"type": "object", "properties": {"a": {"type": "object", "propertyNames": {}}}},
-              "propertyNames"),
+             ({"type": "object", "properties": {"a": {"type": "object",
+                                                     "patternProperties": {}}}},
+              "patternProperties"),
              ({"type": "array", "items": {"uniqueItems": True, "not": {}}}, "not, uniqueItems"),
              ({"$ref": "https://example.com/s.json"}, "https://example.com/s.json"),
              ({"type": "objekt"}, "objekt"),

@@ -203,3 +203,20 @@ def test_fuzzed_patterns_convert_or_are_refused_and_agree(vocab):
             assert check.accepts(json.dumps(s)) == _truth(pattern, s), (pattern, s)
         agreed += 1
     assert agreed > 20
+
+
+def test_property_names_bound_the_extra_keys(vocab):
+    # Claude Code's TaskCreate tool has metadata: {"propertyNames": {...},
+    # "additionalProperties": {...}}; its keys follow propertyNames.
+    check = Checker(vocab, {"type": "object", "additionalProperties": {"type": "integer"},
+                            "propertyNames": {"type": "string", "pattern": "^[a-z]+$",
+                                              "maxLength": 5}})
+    for text in ('{"abc": 1}', '{"a": 1, "bcd": 2}', "{}"):
+        assert check.accepts(text), text
+    for text in ('{"ABC": 1}', '{"abcdef": 1}', '{"a1": 2}'):
+        assert not check.accepts(text), text
+    closed = Checker(vocab, {"type": "object", "properties": {"a": {"type": "integer"}},
+                             "propertyNames": False})
+    assert closed.accepts("{}") and not closed.accepts('{"a": 1}')
+    with pytest.raises(InvalidParams, match="propertyNames"):
+        json_schema_grammar({"type": "object", "propertyNames": {"type": "integer"}})

@@ -164,10 +164,15 @@ class _Converter(Rules):
         props = schema.get("properties", {})
         required = schema.get("required", [])
         extra = schema.get("additionalProperties", not props)
+        names = schema.get("propertyNames", True)
         if not isinstance(props, dict) or not isinstance(required, list) \
                 or not all(isinstance(r, str) for r in required):
             raise _bad(f"properties/required at {where} are malformed")
-        if not props and not required and extra is True:
+        if names is False:          # no name is valid: only the empty object
+            if required:
+                raise _bad(f"required properties at {where} cannot meet propertyNames: false")
+            return self.add(self.name(at), '"{" space "}"', gl.Shape(first=frozenset("{")))
+        if not props and not required and extra is True and names is True:
             return self.primitive("object")
         self.budget.props(len(props) + len(required), where)
         needed = set(required)
@@ -185,7 +190,8 @@ class _Converter(Rules):
         groups: tuple = ()
         if extra is not False:
             value = self.visit(extra, f"{at}/additionalProperties", depth + 1)
-            one = self.add(self.name(at, "extra-kv"), f'{self.primitive("string")} ":" space {value}')
+            one = self.add(self.name(at, "extra-kv"),
+                           f'{self.key_rule(names, at, depth)} ":" space {value}')
             opt.append(self.add(self.name(at, "extra-kvs"), f'{one} ("," space {one})*'))
             # Where an optional named key may come, so may an extra key, and
             # the name matches the extra keys' string too: both stay live.
@@ -199,6 +205,16 @@ class _Converter(Rules):
                      *self.shapes[values[first_key]].lead)
         return self.add(self.name(at), self.object_body(at, req, opt),
                         gl.Shape(first=frozenset("{"), groups=groups, lead=lead[:gl.MAX_LEAD]))
+
+    def key_rule(self, names: Any, at: str, depth: int) -> str:
+        """The rule for an extra key: any string, or propertyNames' (a
+        string schema: its length bounds, pattern, enum or const)."""
+        if names is True:
+            return self.primitive("string")
+        where = f"{at.lstrip('/') or 'root'}/propertyNames"
+        if not isinstance(names, dict) or names.get("type", "string") != "string":
+            raise _bad(f"propertyNames at {where} must be a string schema")
+        return self.visit({**names, "type": "string"}, f"{at}/propertyNames", depth + 1)
 
     def object_body(self, at: str, req: list[str], opt: list[str]) -> str:
         body = ' "," space '.join(req)

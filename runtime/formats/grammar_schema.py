@@ -16,11 +16,12 @@ MAX_REPEAT = 1_000          # llama.cpp refuses repetitions over 2000
 TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 ANNOTATIONS = {"title", "description", "$schema", "$id", "$comment", "examples", "default",
                "deprecated", "readOnly", "writeOnly"}
-KEYWORDS = {"type", "properties", "required", "additionalProperties", "items", "prefixItems",
+KEYWORDS = {"type", "properties", "required", "additionalProperties", "propertyNames",
+            "items", "prefixItems",
             "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
             "$defs", "definitions", "minLength", "maxLength", "format", "pattern",
             *NUMBER_BOUNDS} | ANNOTATIONS
-_OBJECT_KEYS = {"properties", "required", "additionalProperties"}
+_OBJECT_KEYS = {"properties", "required", "additionalProperties", "propertyNames"}
 _ARRAY_KEYS = {"items", "prefixItems", "minItems", "maxItems"}
 _STRING_KEYS = {"minLength", "maxLength", "format", "pattern"}
 _NUMBER_KEYS = set(NUMBER_BOUNDS)
