@@ -33,7 +33,8 @@ AGENT_TIMEOUT_MS = 30 * 60 * 1000
 # every turn; at the 8-12 tokens/s a 1.5B model decodes on 2 CPU cores, a
 # model that does not stop would hold a turn for most of an hour (one first
 # request ran 3,062 decode steps in 20 minutes). 4,096 is several whole
-# files, and about 6 minutes there.
+# files, and about 6 minutes there. Codex 0.171.0 has no such setting (it
+# ignores model_max_output_tokens, saying so).
 AGENT_MAX_OUTPUT = 4096
 
 # Claude Code picks a model per task: the main loop (ANTHROPIC_MODEL), the
@@ -117,7 +118,6 @@ def _codex(t: Target) -> Pointing:
         f"{provider}.env_key": CODEX_KEY_VAR,
         f"{provider}.stream_idle_timeout_ms": AGENT_TIMEOUT_MS,
         "model": t.model,
-        "model_max_output_tokens": AGENT_MAX_OUTPUT,   # a later -c after -- wins
     }
     if t.ctx_size:
         # Codex knows no window for a model it has never heard of: tell it,
