@@ -206,9 +206,13 @@ def test_resume_after_ctrl_c_in_a_subprocess(env, hub, model_bytes):
     # The hub holds every stream once 30% is served, so Ctrl-C lands mid-file
     # however fast or slow this machine is; after it, every stream is cut.
     hub.faults.pause_after = int(0.3 * size)
+    # Ctrl-C as a terminal delivers it, even where this run inherited SIGINT
+    # ignored (a suite started in the background by a shell without job
+    # control), which the pull would inherit and never see.
     proc = subprocess.Popen([sys.executable, "-m", "llmctl", "pull", "smollm2",
                              "--connections", "4"], env={**os.environ, "LLMCTL_PULL_RETRIES": "60"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert hub.paused.wait(300), "the pull never reached the pause"
         proc.send_signal(signal.SIGINT)
