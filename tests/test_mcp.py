@@ -224,7 +224,9 @@ def test_mcp_ls_lists_servers_and_tools(tmp_path, session_home):
 def test_chat_lists_and_calls_tools_and_asks_before_a_write(tmp_path, session_home):
     notes = tmp_path / "notes.log"
     lines = "/tools\nUse the add tool to add 1234 and 4321.\nUse the note tool to note: buy milk\n"
-    args = ("chat", "qwen2.5-coder-0.5b", "--mcp", str(toolbox(tmp_path)), "--temperature", "0",
+    # The default model: the 0.5B sometimes writes the note call as text
+    # (a near-tie that batch and thread timing can tip), so no call is asked.
+    args = ("chat", "qwen2.5-coder-1.5b", "--mcp", str(toolbox(tmp_path)), "--temperature", "0",
             "--ctx-size", "4096")
     r = llmctl(*args, home=session_home, stdin=lines)
     assert r.returncode == 0, r.stderr[-2000:]
