@@ -35,7 +35,7 @@ from llmctl.server.answer_reader import AnswerEvent, AnswerReader, Finish, fold
 from llmctl.server.hosted_tools import HostedTools
 from llmctl.server.state import ServerState, leased, state_of
 from llmctl.server.workers import parse_within_deadline, run_on
-from llmctl.tools.agent import DEFAULT_MAX_STEPS, WITHDRAWN, Route
+from llmctl.tools.agent import DEFAULT_MAX_STEPS, WITHDRAWN, Route, call_key, repeated
 from llmctl.tools.mcp_hub import McpOutcome
 
 
@@ -329,10 +329,9 @@ class _Rounds:
             arguments = None
         if not isinstance(arguments, dict):
             return McpOutcome("error: the arguments are not a JSON object", True)
-        key = (call.name, json.dumps(arguments, sort_keys=True))
+        key = call_key(call.name, arguments)
         if key in self.done:
-            return McpOutcome("This exact call was already made; its result is above. "
-                              f"It was: {self.done[key].text[:2000]}", self.done[key].is_error)
+            return repeated(self.done[key])
         if self.calls >= self.max_calls:
             return McpOutcome(f"error: not run: this response may make {self.max_calls} tool "
                               "calls; answer from the results above", True)

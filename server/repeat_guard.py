@@ -17,7 +17,6 @@ client. Anything else (text, another call) releases what was held at once."""
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Awaitable, Callable
 
@@ -25,18 +24,10 @@ from llmctl.runtime.engine.events import ErrorEvent, FinishEvent, TokenEvent
 from llmctl.runtime.formats.tool_calls import TextDelta
 from llmctl.server.answer_reader import AnswerReader, ToolCallEnd, ToolSetup
 from llmctl.server.tool_protocol import Structured
+from llmctl.tools.agent import call_key
 
 log = logging.getLogger("llmctl.server")
 ANSWER_NOW = "The tool results above answer those calls. Answer the question now, from them."
-
-
-def _key(name: str, arguments: object) -> tuple[str, str]:
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments or "{}")
-        except ValueError:
-            pass
-    return name, json.dumps(arguments, sort_keys=True)
 
 
 def answered_calls(messages: list[dict]) -> set[tuple[str, str]]:
@@ -51,7 +42,7 @@ def answered_calls(messages: list[dict]) -> set[tuple[str, str]]:
     answered = {m.get("tool_call_id") for m in messages[end:]}
     if not calls or any(c.get("id") not in answered for c in calls if isinstance(c, dict)):
         return set()
-    return {_key(c["function"].get("name", ""), c["function"].get("arguments"))
+    return {call_key(c["function"].get("name", ""), c["function"].get("arguments"))
             for c in calls if isinstance(c, dict) and isinstance(c.get("function"), dict)}
 
 
@@ -120,7 +111,7 @@ class RepeatGuard:
             if isinstance(e, TextDelta) and e.text.strip():
                 self._passing = True
             elif isinstance(e, ToolCallEnd):
-                if _key(e.call.name, e.call.arguments) not in self._answered:
+                if call_key(e.call.name, e.call.arguments) not in self._answered:
                     self._passing = True
         if isinstance(event, FinishEvent) and not self._passing:
             if self._probe.n_calls:

@@ -86,6 +86,17 @@ def _arguments(call: ToolCall) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+def call_key(name: str, arguments: object) -> tuple[str, str]:
+    """What makes two calls the same call: the name and the arguments
+    (JSON text or its value), keys sorted."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments or "{}")
+        except ValueError:
+            pass
+    return name, json.dumps(arguments, sort_keys=True)
+
+
 def _ask(llm: LLM, messages: list[dict], tools: list[dict], params: SamplingParams,
          on_text: Callable[[str], None]) -> tuple[str, list[ToolCall]]:
     """One generation with the tools offered: its text (streamed to
@@ -144,15 +155,15 @@ def run_turn(llm: LLM, messages: list[dict], params: SamplingParams, hub: McpHub
         messages.append({"role": "assistant", "content": text or None,
                          "tool_calls": [c.to_openai() for c in calls]})
         for call in calls:
-            key = (call.name, json.dumps(_arguments(call), sort_keys=True))
-            outcome = done[key] = _repeat(done[key]) if key in done else \
+            key = call_key(call.name, _arguments(call))
+            outcome = done[key] = repeated(done[key]) if key in done else \
                 _run(call, routes.get(call.name), hub, watcher, approve_all)
             turn.calls.append((call.name, _arguments(call), outcome))
             messages.append({"role": "tool", "tool_call_id": call.id, "name": call.name,
                              "content": outcome.text})
 
 
-def _repeat(first: McpOutcome) -> McpOutcome:
+def repeated(first: McpOutcome) -> McpOutcome:
     """A call made again with the same arguments: not run again (a tool may
     change something); the model is pointed at the result it has."""
     return McpOutcome("This exact call was already made; its result is above. "
