@@ -26,6 +26,8 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Current we
            "strict": True}
 # Codex's captured first request (fixtures/agent-requests/README.md).
 FIXTURE = Path(__file__).resolve().parent / "fixtures/agent-requests/codex-0.169.0-responses.json"
+# Codex 0.171's second request: its goal comes back as an output without a call_id.
+GOAL = FIXTURE.with_name("codex-0.171.0-goal-output.json")
 
 
 def _serve(home: Path, ctx: int = 2048):
@@ -95,6 +97,21 @@ def test_codex_request_translates(tmp_path):
     assert "exec_command" in names and "multi_agent_v1__close_agent" in names
     assert req.tools.namespaces["multi_agent_v1__close_agent"] == ("multi_agent_v1", "close_agent")
     assert req.ignored == ("reasoning.summary",)
+
+
+def test_an_output_without_a_call_answers_a_call_of_its_own(tmp_path):
+    body = json.loads(GOAL.read_text())
+    req = parse_request(body, True, SamplingParams(), store=ResponseStore(tmp_path, 10, 1 << 20))
+    roles = [m["role"] for m in req.messages]
+    assert roles[4:] == ["assistant", "tool", "assistant", "tool"]
+    call = req.messages[6]["tool_calls"][0]
+    assert call["function"] == {"name": "agent__goal_objective", "arguments": "{}"}
+    assert req.messages[7]["tool_call_id"] == call["id"] != req.messages[5]["tool_call_id"]
+    assert req.messages[7]["content"] == body["input"][6]["output"]
+    orphan = {"type": "function_call_output", "output": "x"}       # neither call_id nor name
+    with pytest.raises(InvalidParams, match=r"input\[0\]\.call_id"):
+        parse_request({"model": MODEL, "input": [orphan]}, False, SamplingParams(),
+                      store=ResponseStore(tmp_path, 10, 1 << 20))
 
 
 # ---- against the model ----------------------------------------------------------------
