@@ -120,7 +120,8 @@ def _local_target(model: str | None, ctx_size: int | None, slots: int,
                   markup=False, soft_wrap=True)
     if ctx_size is None:
         ctx_size = min(trained, AGENT_CTX) if trained else (resolved.context or 4096)
-    args = [model or resolved.name, "--ctx-size", str(ctx_size), "--max-num-seqs", str(slots)]
+    args = [model or resolved.name, "--ctx-size", str(ctx_size), "--max-num-seqs", str(slots),
+            "--loop-guard"]
     if api_key:
         args += ["--api-key", api_key]
     server = Server.llmctl_serve(*args, own_session=True)

@@ -37,6 +37,12 @@ AGENT_TIMEOUT_MS = 30 * 60 * 1000
 # ignores model_max_output_tokens, saying so).
 AGENT_MAX_OUTPUT = 4096
 
+# The header that turns the server's loop guard on for the agent's requests
+# (server/fields.py owns the name; a test checks they agree): a model that
+# loops stops there instead of at AGENT_MAX_OUTPUT.
+LOOP_GUARD_HEADER = "x-llmctl-loop-guard"
+LOOP_GUARD_ON = f"{LOOP_GUARD_HEADER}: on"
+
 # Claude Code picks a model per task: the main loop (ANTHROPIC_MODEL), the
 # aliases a user or a setting can select (opus, sonnet, haiku), the small
 # model of background chores (ANTHROPIC_SMALL_FAST_MODEL, the name before
@@ -99,6 +105,10 @@ def _claude(t: Target) -> Pointing:
         # Your own value, when you set one, is kept.
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": os.environ.get("CLAUDE_CODE_MAX_OUTPUT_TOKENS")
         or str(AGENT_MAX_OUTPUT),
+        # An answer that loops ends, on a server launch did not start too;
+        # headers of your own are kept.
+        "ANTHROPIC_CUSTOM_HEADERS": "\n".join(
+            h for h in (os.environ.get("ANTHROPIC_CUSTOM_HEADERS", ""), LOOP_GUARD_ON) if h),
     }
     return Pointing(env, secret=frozenset({"ANTHROPIC_AUTH_TOKEN"}))
 
@@ -117,6 +127,7 @@ def _codex(t: Target) -> Pointing:
         f"{provider}.wire_api": "responses",
         f"{provider}.env_key": CODEX_KEY_VAR,
         f"{provider}.stream_idle_timeout_ms": AGENT_TIMEOUT_MS,
+        f"{provider}.http_headers.{LOOP_GUARD_HEADER}": "on",
         "model": t.model,
     }
     if t.ctx_size:

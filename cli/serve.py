@@ -103,6 +103,10 @@ McpServeOpt = Annotated[Optional[Path], typer.Option(
     help="MCP servers whose tools requests may have the server run, by label (the "
          "Responses API's mcp tool, Anthropic's mcp_servers): a JSON file with "
          "\"mcpServers\", or `config` for the config file's (docs/mcp.md).")]
+LoopGuard = Annotated[bool, typer.Option(
+    "--loop-guard", envvar="LLMCTL_LOOP_GUARD",
+    help="End an answer that repeats one block over and over (stop_details says so); "
+         "a request's x-llmctl-loop-guard header decides for itself (docs/serve.md).")]
 NoWebui = Annotated[bool, typer.Option(
     "--no-webui", envvar="LLMCTL_NO_WEBUI", help="Serve no chat page at / (a 404 there).")]
 FLASH_ATTN = {FlashAttn.auto: None, FlashAttn.on: True, FlashAttn.off: False}
@@ -138,12 +142,14 @@ class Batching:
 @o.option_group
 @dataclasses.dataclass(frozen=True)
 class Pool:
-    """Which models stay loaded, and how their answers show reasoning."""
+    """Which models stay loaded, how their answers show reasoning, and
+    whether an answer that loops is ended."""
 
     models_max: ModelsMax = 3
     memory_budget: MemoryBudget = ""
     keep_alive: KeepAlive = "5m"
     reasoning_format: ReasoningFormatOpt = ReasoningFormat.auto
+    loop_guard: LoopGuard = False
 
     def settings(self) -> PoolSettings:
         """The server's PoolSettings. Raises UsageError for a bad duration
@@ -157,7 +163,8 @@ class Pool:
             raise UsageError(f"--keep-alive {e}") from None
         budget = parse_bytes(self.memory_budget, "--memory-budget") if self.memory_budget else None
         return PoolSettings(models_max=self.models_max, keep_alive_s=keep, memory_budget=budget,
-                            reasoning_format=self.reasoning_format.value)
+                            reasoning_format=self.reasoning_format.value,
+                            loop_guard=self.loop_guard)
 
 
 @handle_errors

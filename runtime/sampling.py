@@ -98,6 +98,8 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     # None: no log-probabilities; k >= 0: each token's, with its k best rivals.
     logprobs: int | None = None
+    # End the output once it repeats one block over and over (engine/repetition.py).
+    loop_guard: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -70,11 +70,23 @@ class ToolCallEnd:
     call: ToolCall
 
 
+LOOP_EXPLANATION = ("the output repeated one block of text over and over, and the loop "
+                    "guard ended it")
+
+
+def stop_details(reason: str) -> dict:
+    """The field each protocol adds when the loop guard ended an answer
+    (`reason` "loop"), to splat into its object; empty otherwise. The
+    protocols' own stop reasons stay ones their clients know."""
+    return {"stop_details": {"type": "loop", "explanation": LOOP_EXPLANATION}} \
+        if reason == "loop" else {}
+
+
 @dataclass(frozen=True)
 class Finish:
     """The answer ended. `reason` is "tool_calls" when it called a tool
-    (and did not stop inside the call), else the engine's "stop" or
-    "length"; `stop` is the stop string that ended it, if one did."""
+    (and did not stop inside the call), else the engine's "stop",
+    "length" or "loop"; `stop` is the stop string that ended it, if one did."""
 
     reason: str
     stop: str | None
@@ -151,7 +163,7 @@ class AnswerReader:
         if self.n_calls and not self.cut:
             reason = "tool_calls"
         else:
-            reason = end.reason if end.reason in ("stop", "length") else "stop"
+            reason = end.reason if end.reason in ("stop", "length", "loop") else "stop"
         return out + [Finish(reason, end.stop, end.usage, end, self.reasoning_tokens)]
 
     def _events(self, deltas: list[Delta]) -> list[AnswerEvent]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from fastapi.responses import Response
 
@@ -140,3 +140,22 @@ def name_ignored(response: Response, names: Iterable[str], route: str) -> Respon
         response.headers[IGNORED_HEADER] = unique
         logging.getLogger("llmctl.server").info("%s: accepted without applying: %s", route, unique)
     return response
+
+
+# A request turns the loop guard (runtime/engine/repetition.py) on or off
+# for itself; without the header, the server's `--loop-guard` decides.
+LOOP_GUARD_HEADER = "x-llmctl-loop-guard"
+_SWITCH = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
+
+
+def loop_guard(headers: Mapping[str, str], default: bool) -> bool:
+    """Whether the request's output ends once it repeats itself. Raises
+    InvalidParams naming the header for a value other than on/off."""
+    value = headers.get(LOOP_GUARD_HEADER)
+    if value is None:
+        return default
+    switch = _SWITCH.get(value.strip().lower())
+    if switch is None:
+        raise InvalidParams(f"header {LOOP_GUARD_HEADER} must be on or off, got {value[:20]!r}",
+                            param=LOOP_GUARD_HEADER)
+    return switch

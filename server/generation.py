@@ -34,6 +34,7 @@ from llmctl.runtime.sampling import SamplingParams
 from llmctl.server.admission import ticket_of
 from llmctl.server.answer_reader import ToolSetup
 from llmctl.server.body import INLINE_BYTES, json_body
+from llmctl.server.fields import loop_guard
 from llmctl.server.repeat_guard import RepeatGuard, guarded
 from llmctl.server.state import ServerState, leased, state_of
 from llmctl.server.tool_protocol import Structured
@@ -219,7 +220,8 @@ async def _on_lease(request: Request, state: ServerState, req: GenerationRequest
     preset = state.preset(req.model)
     name = preset.name if preset else lease.name        # what the client asked for
     template = llm.chat_template(preset.template if preset else None)
-    params = dialect.sampling(llm.n_ctx)
+    params = dialect.sampling(llm.n_ctx).replace(
+        loop_guard=loop_guard(request.headers, state.defaults.loop_guard))
     if req.structured.tools:
         # Tools become a grammar only now, for this model's format: off the loop too.
         params = await parse_within_deadline(state.workers, "tools", req.structured.sampling,

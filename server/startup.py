@@ -16,6 +16,7 @@ from llmctl.runtime.llm import check_draft
 from llmctl.runtime.load_options import LoadOptions
 from llmctl.runtime.pool.model_pool import ModelPool
 from llmctl.runtime.pool.room import FOREVER
+from llmctl.runtime.sampling import SamplingParams
 from llmctl.server.admission import Admission
 from llmctl.server.app import create_app
 from llmctl.server.state import HttpPolicy, ServerState
@@ -32,12 +33,14 @@ GIB = 1 << 30
 
 @dataclass(frozen=True)
 class PoolSettings:
-    """How many models the server may hold, and for how long."""
+    """How many models the server may hold, for how long, and how their
+    answers are read and ended."""
 
     models_max: int = 3
     memory_budget: int | None = None    # bytes; None: available RAM less a margin
     keep_alive_s: float = 300.0         # FOREVER (-1): never unload when idle
     reasoning_format: str = "auto"
+    loop_guard: bool = False            # --loop-guard: the default of every request
 
 
 def default_memory_budget() -> int:
@@ -170,6 +173,7 @@ def serve(model: str | None, host: str, port: int, load: LoadOptions,
     state = ServerState(pool, default=default, presets=presets,
                         policy=policy or HttpPolicy(), preloading=resolved is not None,
                         reasoning_format=pool_settings.reasoning_format, admission=admission,
+                        defaults=SamplingParams(loop_guard=pool_settings.loop_guard),
                         settings=load.settings, workers=Workers.of(load.settings),
                         mcp=_hub(mcp_servers))
     app = create_app(state, bind_host=host)

@@ -31,7 +31,8 @@ signal.signal(signal.SIGINT, lambda *_: open(env["STANDIN_RECORD"] + ".sigint", 
 if role == "claude":
     url = env["ANTHROPIC_BASE_URL"] + "/v1/messages"
     headers = {{"Authorization": "Bearer " + env["ANTHROPIC_AUTH_TOKEN"],
-               "anthropic-version": "2023-06-01"}}
+               "anthropic-version": "2023-06-01",
+               **dict(line.split(": ", 1) for line in env["ANTHROPIC_CUSTOM_HEADERS"].splitlines())}}
     body = {{"model": env["ANTHROPIC_MODEL"], "max_tokens": 8,
             "messages": [{{"role": "user", "content": "Say hi"}}]}}
 elif role == "codex":
@@ -40,7 +41,8 @@ elif role == "codex":
     c = {{k: json.loads(v) for k, v in pairs}}
     provider = "model_providers." + c["model_provider"]
     url = c[provider + ".base_url"] + "/responses"
-    headers = {{"Authorization": "Bearer " + env[c[provider + ".env_key"]]}}
+    headers = {{"Authorization": "Bearer " + env[c[provider + ".env_key"]],
+               **{{k.rsplit(".", 1)[1]: v for k, v in c.items() if ".http_headers." in k}}}}
     body = {{"model": c["model"], "input": "Say hi", "max_output_tokens": 8}}
 else:
     url = env["OPENAI_BASE_URL"] + "/chat/completions"
@@ -96,7 +98,8 @@ def refuses(url: str) -> bool:
 def test_claude_on_a_started_server_which_stops_after(bin_dir, tmp_path):
     record = tmp_path / "claude.json"
     code, _, err = finish(launch("claude", "smollm2", "--", "--print", "hi", bin_dir=bin_dir,
-                                 record=record, exit_code=7))
+                                 record=record, exit_code=7,
+                                 extra_env={"ANTHROPIC_CUSTOM_HEADERS": "X-Team: blue"}))
     assert code == 7, err
     seen = json.loads(record.read_text())
     env = seen["env"]
@@ -109,6 +112,8 @@ def test_claude_on_a_started_server_which_stops_after(bin_dir, tmp_path):
         assert env[name] == "smollm2", name
     assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
     assert env["API_TIMEOUT_MS"] == "1800000" and env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "4096"
+    # The loop guard's header, after the user's own.
+    assert env["ANTHROPIC_CUSTOM_HEADERS"] == "X-Team: blue\nx-llmctl-loop-guard: on"
     assert "warning: smollm2 (0.13B parameters) is too small for agents" in err
     assert seen["status"] == 200, seen["answer"]
     assert seen["answer"]["type"] == "message" and seen["answer"]["content"][0]["text"]
@@ -142,7 +147,9 @@ def test_codex_at_url_gets_a_responses_provider_and_leaves_the_server_up(bin_dir
                          f'model_providers.llmctl.base_url="{running}/v1"',
                          'model_providers.llmctl.wire_api="responses"',
                          'model_providers.llmctl.env_key="LLMCTL_API_KEY"',
-                         "model_providers.llmctl.stream_idle_timeout_ms=1800000", 'model="smollm2"',
+                         "model_providers.llmctl.stream_idle_timeout_ms=1800000",
+                         'model_providers.llmctl.http_headers.x-llmctl-loop-guard="on"',
+                         'model="smollm2"',
                          "model_context_window=1024",
                          "model_auto_compact_token_limit=819"]
     assert seen["env"]["LLMCTL_API_KEY"] == "sk-test-key-123456"

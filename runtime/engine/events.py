@@ -43,7 +43,7 @@ class FinishEvent:
     """A request's end: why it stopped, its usage and timings, and the text
     (and its tokens' logprobs) held back until then."""
 
-    reason: str                 # "stop", "length" or "cancelled"
+    reason: str                 # "stop", "length", "loop" (the loop guard) or "cancelled"
     usage: Usage
     ttft_s: float               # arrival to first token
     duration_s: float           # arrival to finish

@@ -27,6 +27,7 @@ from llmctl.runtime.engine.plan import (
     StepResult,
     Work,
 )
+from llmctl.runtime.engine.repetition import LoopDetector
 from llmctl.runtime.engine.sequence import Sequence, Status
 from llmctl.runtime.engine.slots import SlotTable
 from llmctl.runtime.engine.stats import StatsCollector
@@ -114,7 +115,7 @@ class Lifecycle:
         out.events.append((seq, ending.event))
 
     def end(self, seq: Sequence, reason: str, error: BaseException | None = None) -> Ending:
-        """End a request for `reason` ("stop", "length", "cancelled", or
+        """End a request for `reason` ("stop", "length", "loop", "cancelled", or
         "error" with `error`): its text held back released (but a
         cancelled one's), its slot parked or freed, and the event that
         tells its caller. The engine then keeps, parks or clears its KV."""
@@ -183,4 +184,9 @@ class Lifecycle:
             return "length"
         if len(seq.prompt) + len(seq.output) >= n_ctx_seq:
             return "length"
+        if seq.params.loop_guard:
+            if seq.loop is None:
+                seq.loop = LoopDetector()
+            if seq.loop.push(token):
+                return "loop"
         return None

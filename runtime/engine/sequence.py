@@ -15,6 +15,7 @@ from llmctl.runtime.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from llmctl.runtime.engine.events import Event
+    from llmctl.runtime.engine.repetition import LoopDetector
     from llmctl.runtime.prefix_cache.reuse import Reuse
 
 _ids = itertools.count(1)
@@ -59,6 +60,7 @@ class Sequence:
     spec_cap: int = 64                  # most guesses its next step may check (speculation)
     backend_sampled: bool = False       # llama.cpp samples it in the graph: one row a step
     cancelled: bool = False
+    loop: "LoopDetector | None" = None  # with params.loop_guard, from its first token
     finish_reason: str | None = None
     stop_string: str | None = None      # the stop string that ended it, if one did
     arrived: float = field(default_factory=time.perf_counter)

@@ -22,6 +22,7 @@ from llmctl.server.answer_reader import (
     ToolArgumentsDelta,
     ToolCallStart,
     fold,
+    stop_details,
 )
 from llmctl.server.generation import Answer, Event
 
@@ -72,10 +73,10 @@ class MessageWriter:
         self._open: str | None = None       # the type of the block still open
 
     def _message(self, content: list[dict], reason: str | None, stop: str | None,
-                 usage: dict) -> dict:
+                 usage: dict, details: dict | None = None) -> dict:
         return {"id": self.id, "type": "message", "role": "assistant", "content": content,
                 "model": self.model, "stop_reason": reason, "stop_sequence": stop,
-                "usage": usage}
+                **(details or {}), "usage": usage}
 
     # ---- the whole message --------------------------------------------------
 
@@ -93,7 +94,8 @@ class MessageWriter:
             content.append({"type": "tool_use", "id": _tool_id(), "name": call.name,
                             "input": arguments_object(call.arguments)})
         reason, stop = stop_reason(folded.finish)
-        return self._message(content, reason, stop, usage_dict(folded.finish.usage))
+        return self._message(content, reason, stop, usage_dict(folded.finish.usage),
+                             stop_details(folded.finish.reason))
 
     # ---- the stream ---------------------------------------------------------
 
@@ -155,7 +157,8 @@ class MessageWriter:
                 reason, stop = stop_reason(e)
                 out += self._close()
                 out.append(sse({"type": "message_delta",
-                                "delta": {"stop_reason": reason, "stop_sequence": stop},
+                                "delta": {"stop_reason": reason, "stop_sequence": stop,
+                                          **stop_details(e.reason)},
                                 "usage": usage_dict(e.usage)}))
                 out.append(sse({"type": "message_stop"}))
         return out

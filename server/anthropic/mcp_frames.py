@@ -21,6 +21,7 @@ from llmctl.server.answer_reader import (
     ToolArgumentsDelta,
     ToolCallEnd,
     ToolCallStart,
+    stop_details,
 )
 from llmctl.server.anthropic.frames import sse, stop_reason, usage_dict
 from llmctl.server.hosted_tools import HostedTools
@@ -131,9 +132,11 @@ class McpMessage:
         if reason == "tool_use" and not any(b["type"] == "tool_use" for b in self.content):
             reason = "end_turn"         # only hosted calls: nothing for the client to run
         usage = usage_dict(finish.usage)
-        self._message = self._shape(reason, stop, usage)
+        details = stop_details(finish.reason)
+        self._message = self._shape(reason, stop, usage) | details
         return self._close() + sse({"type": "message_delta",
-                                    "delta": {"stop_reason": reason, "stop_sequence": stop},
+                                    "delta": {"stop_reason": reason, "stop_sequence": stop,
+                                              **details},
                                     "usage": usage}) + sse({"type": "message_stop"})
 
     def failed(self, error: LlmctlError) -> str:

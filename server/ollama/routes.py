@@ -246,7 +246,8 @@ class _Writer:
         """The closing object: done, why, the counts and durations (ns)."""
         usage, end = finish.usage, finish.engine
         return self._line({**_answer(self.chat, content, thinking, tool_calls),
-                           "done_reason": "length" if end.reason == "length" else "stop"},
+                           "done_reason": end.reason if end.reason in ("length", "loop")
+                           else "stop"},
                           True) | {
             "total_duration": ns(time.monotonic() - self.timing.start),
             "load_duration": ns(self.timing.load_s),

@@ -17,15 +17,17 @@ from llmctl.server.answer_reader import (
     ToolArgumentsDelta,
     ToolCallStart,
     fold,
+    stop_details,
 )
 from llmctl.server.generation import Answer
 
 
 def finish_reason(reason: str) -> str:
-    """OpenAI's finish_reason for an engine's: "stop" or "length" (anything else
-    is "stop")."""
+    """OpenAI's finish_reason for an engine's or a chat answer's: "stop",
+    "length" or "tool_calls" (anything else, the loop guard's "loop" too,
+    is "stop": `stop_details` says why)."""
     # "cancelled" never reaches a connected client; map defensively anyway.
-    return reason if reason in ("stop", "length") else "stop"
+    return reason if reason in ("stop", "length", "tool_calls") else "stop"
 
 
 def _alt(a: Alternative) -> dict:
@@ -120,14 +122,14 @@ class ChoiceWriter:
             text = event.tail if isinstance(event, FinishEvent) else event.text
             out = [self._text(text, None)] if text else []
             if end is not None:
-                out.append(self._text("", finish_reason(end)))
+                out.append(self._text("", finish_reason(end)) | stop_details(end))
             return out
         events = (self.reader.finish(event) if isinstance(event, FinishEvent)
                   else self.reader.feed(event.text))
         out = []
         for e in events:
             if isinstance(e, Finish):
-                out.append(self._delta({}, e.reason))
+                out.append(self._delta({}, finish_reason(e.reason)) | stop_details(e.reason))
             elif (delta := chat_delta(e)) is not None:
                 out.append(self._delta(delta, None))
         return out
@@ -137,13 +139,15 @@ class ChoiceWriter:
         if self.reader is None:
             lp = self._legacy.shape(answer.logprobs) if self.logprobs else None
             return {"index": self.index, "text": answer.text, "logprobs": lp,
-                    "finish_reason": finish_reason(answer.finish.reason)}
+                    "finish_reason": finish_reason(answer.finish.reason),
+                    **stop_details(answer.finish.reason)}
         folded = fold(self.reader.whole(answer.pieces or (answer.text,), answer.finish))
         assert folded.finish is not None
         return {"index": self.index,
                 "message": chat_message(folded, plain=self.reader.setup is None),
                 "logprobs": chat_logprobs(answer.logprobs) if self.logprobs else None,
-                "finish_reason": folded.finish.reason}
+                "finish_reason": finish_reason(folded.finish.reason),
+                **stop_details(folded.finish.reason)}
 
     def _take(self) -> list[TokenLogprob]:
         taken, self._pending = self._pending, []

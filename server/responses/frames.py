@@ -20,6 +20,7 @@ from llmctl.server.answer_reader import (
     ThinkingDelta,
     ToolArgumentsDelta,
     ToolCallStart,
+    stop_details,
 )
 from llmctl.server.generation import Answer, Event
 from llmctl.server.responses.store import new_id
@@ -244,7 +245,7 @@ class Reply(Sequenced):
         status = "incomplete" if finish.reason == "length" else "completed"
         events += self.items.close(status)
         final = self.obj.shape(status, self.items.items, finish.usage,
-                               reasoning_tokens=finish.reasoning_tokens)
+                               reasoning_tokens=finish.reasoning_tokens) | stop_details(finish.reason)
         self.on_final(final, [self.items.assistant_message()])
         return final
 

@@ -14,6 +14,7 @@ from llmctl.server.answer_reader import (
     ToolArgumentsDelta,
     ToolCallEnd,
     ToolCallStart,
+    stop_details,
 )
 from llmctl.server.hosted_tools import HostedTools
 from llmctl.server.responses.frames import OnFinal, OutputItems, ResponseObject, Sequenced
@@ -133,7 +134,8 @@ class McpReply(Sequenced):
         status = "incomplete" if finish.reason == "length" else "completed"
         events = self.items.close(status)
         self._final = self.obj.shape(status, self.items.items, finish.usage,
-                                     reasoning_tokens=finish.reasoning_tokens)
+                                     reasoning_tokens=finish.reasoning_tokens) \
+            | stop_details(finish.reason)
         self.on_final(self._final, added)
         return self._sse(events + [{"type": f"response.{status}", "response": self._final}])
 
