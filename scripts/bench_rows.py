@@ -5,7 +5,8 @@ with the backend on one model: the time of one llama_decode of
 that checks 1-8 guesses), and the largest logit difference between rows
 decoded one at a time and the same rows decoded together (and between a
 row alone and beside another sequence's row), with ggml's CPU weight
-repacking on and off. Flash attention on by default, as speculation uses
+repacking on, and off with ggml's tiled K-quant matmul on and off (off is
+what --deterministic runs). Flash attention on by default, as speculation uses
 it; `--flash-attn off` measures what a prefix-cache hit and a batched
 request depend on under the server's default settings (docs/exactness.md).
 The exactness figure is llmctl.runtime.llama.exactness's, the one `llmctl info`
@@ -19,12 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 
 from llmctl.runtime.llama import ContextConfig, LlamaContext, LlamaModel
 from llmctl.runtime.llama.exactness import ROWS as CHECKED
 from llmctl.runtime.llama.exactness import TEXT, compare_rows
+from llmctl.runtime.llama.library import TILED_MATMUL_ENV
 from llmctl.store.resolve import resolve_model
 
 ROWS = (1, 2, 3, 5, 9)
@@ -72,6 +77,23 @@ def measure(path, repack: bool, threads: int, repeat: int, n: int, flash_attn: b
         model.close()
 
 
+# The arms, each in a process of its own: ggml reads its tiled-matmul switch
+# once per process (runtime/llama/library.py). --deterministic is the file's
+# layout with the switch off; "file layout, tiled" is what it ran before.
+ARMS = {"repacked": (True, None), "file layout, tiled": (False, "1"),
+        "--deterministic": (False, "0")}
+
+
+def _arm(name: str, argv: list[str]) -> dict:
+    repack, tiled = ARMS[name]
+    env = {k: v for k, v in os.environ.items() if k != TILED_MATMUL_ENV}
+    if tiled is not None:
+        env[TILED_MATMUL_ENV] = tiled
+    run = subprocess.run([sys.executable, __file__, *argv, f"--arm={name}"], env=env,
+                         capture_output=True, text=True, check=True)
+    return json.loads(run.stdout.splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
@@ -85,27 +107,30 @@ def main() -> None:
     ap.add_argument("--seqs", type=int, default=0,
                     help="also time one decode step of this many sequences, a row each")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--arm", choices=sorted(ARMS), help=argparse.SUPPRESS)
     args = ap.parse_args()
     rows = tuple(int(r) for r in args.rows.split(","))
-    path = resolve_model(args.model).path
-    flash = args.flash_attn == "on"
-    result = {name: measure(path, repack, args.threads, args.repeat, args.context, flash, rows,
-                            args.seqs)
-              for name, repack in (("repacked", True), ("plain layout", False))}
+    if args.arm:
+        r = measure(resolve_model(args.model).path, ARMS[args.arm][0], args.threads,
+                    args.repeat, args.context, args.flash_attn == "on", rows, args.seqs)
+        print(json.dumps(r))
+        return
+    argv = [a for a in sys.argv[1:] if a != "--json"]
+    result = {name: _arm(name, argv) for name in ARMS}
     if args.json:
         print(json.dumps(result, indent=1))
         return
     print(f"{args.model}, {args.threads} threads, {args.context} tokens before, flash attention "
           f"{args.flash_attn}, medians of {args.repeat}")
     for name, r in result.items():
-        one = r["ms"][1]
-        steps = ", ".join(f"{k} rows {v:.0f} ms ({v / one:.1f}x)" for k, v in r["ms"].items())
+        ms = {int(k): v for k, v in r["ms"].items()}
+        one = ms[1] if 1 in ms else next(iter(ms.values()))
+        steps = ", ".join(f"{k} rows {v:.0f} ms ({v / one:.1f}x)" for k, v in ms.items())
         if r["seqs_ms"] is not None:
             steps += f", {args.seqs} sequences a row each {r['seqs_ms']:.0f} ms"
-        print(f"{name:12}: {steps}; one-at-a-time vs together: max logit diff "
+        print(f"{name:18}: {steps}; one-at-a-time vs together: max logit diff "
               f"{r['max_logit_diff']:.3g}; alone vs beside other sequences: "
               f"{r['beside_other_seqs_diff']:.3g}; top-10 logprob diff {r['top_logprob_diff']:.3g}")
-
 
 if __name__ == "__main__":
     main()

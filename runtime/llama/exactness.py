@@ -16,19 +16,32 @@ This module calls llama.cpp only through the package's classes."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
+from llmctl.errors import LlmctlError
 from llmctl.runtime.llama.context import ContextConfig, LlamaContext
-from llmctl.runtime.llama.library import LLAMA_CPP_VERSION, system_info
+from llmctl.runtime.llama.library import (
+    LLAMA_CPP_VERSION,
+    TILED_MATMUL_ENV,
+    system_info,
+)
 from llmctl.runtime.llama.model import LlamaModel
 
 # Any text works: the measurement needs real tokens, not meaning.
 TEXT = "The quick brown fox jumps over the lazy dog while the hash table grows. " * 60
-ROWS = 4                # rows compared: speculation checks up to 8, a prompt tail a few
+# Rows compared, and sequences in the step beside one: 9, because ggml's
+# tiled K-quant matmul takes a call of 8 or more rows and rounds otherwise
+# than the one-row kernel (docs/exactness.md), and speculation checks up to
+# 8 guesses; 4 rows, as before, saw neither.
+ROWS = 9
 # Tokens before them. Few, so a measurement costs a fraction of a second:
 # the one-row/multi-row difference is in the kernels, at any length (over
 # 256 cells flash attention also splits a lone row's KV: scripts/bench_rows.py).
@@ -137,13 +150,33 @@ def measure_rows(path: str | Path, *, flash_attn: bool = False, repack: bool = T
     threads = threads or default_threads()
     st = path.stat()
     key = (str(path), st.st_size, st.st_mtime_ns, build_key(), flash_attn, repack, threads,
-           context)
+           context, os.environ.get(TILED_MATMUL_ENV))
     with _cache_lock:
         if key in _cache:
             return _cache[key]
-        result = _measure(path, flash_attn, repack, threads, context)
+        # The file's layout is measured as --deterministic computes it, with
+        # ggml's tiled matmul off (library.exact_matmuls): in a process of
+        # its own, since this one's ggml may have read its switch already.
+        measure = _measure if repack else _measure_apart
+        result = measure(path, flash_attn, repack, threads, context)
         _cache[key] = result
         return result
+
+
+def _measure_apart(path: Path, flash_attn: bool, repack: bool, threads: int,
+                   context: int) -> RowExactness:
+    args = json.dumps([str(path), flash_attn, repack, threads, context])
+    run = subprocess.run([sys.executable, "-m", __name__, args], capture_output=True, text=True,
+                         env={TILED_MATMUL_ENV: "0", **os.environ}, timeout=600)
+    if run.returncode != 0:
+        lines = (run.stderr.strip() or f"exit code {run.returncode}").splitlines()
+        raise LlmctlError(f"measuring {path.name}'s rows failed: {lines[-1]}")
+    return RowExactness(**json.loads(run.stdout.splitlines()[-1]))
+
+
+def _main(args: str) -> None:
+    path, flash_attn, repack, threads, context = json.loads(args)
+    print(json.dumps(_measure(Path(path), flash_attn, repack, threads, context).to_dict()))
 
 
 def _measure(path: Path, flash_attn: bool, repack: bool, threads: int,
@@ -165,3 +198,7 @@ def _measure(path: Path, flash_attn: bool, repack: bool, threads: int,
         compared=(f"logits of {ROWS} rows after {context} tokens, one at a time vs in one "
                   f"batch, and of one row alone vs beside {ROWS - 1} other sequences' rows"),
         model=path.name, flash_attn=flash_attn, repack=repack, threads=threads, context=context)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1])
