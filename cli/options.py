@@ -258,8 +258,9 @@ _BACKEND_SAMPLING = {BackendSampling.auto: None, BackendSampling.on: True,
 DeterministicOpt = Annotated[bool, typer.Option(
     "--deterministic", envvar="LLMCTL_DETERMINISTIC",
     help="Byte-identical greedy answers whatever else runs, on every model: "
-         "quantized weights in their file's layout, and cache hits that recompute a "
-         "64-token tile. Slower decoding and cache hits (docs/exactness.md).")]
+         "quantized weights in their file's layout without ggml's tiled matmul, and cache "
+         "hits that recompute a 64-token tile. Slower decoding, prefill and cache hits "
+         "(docs/exactness.md).")]
 
 
 class Spec(str, Enum):
