@@ -65,6 +65,8 @@ MIN_RETURN = 0.02
 RETURN_DECAY = 0.9
 RETURN_STEPS = 3.0
 BUCKETS = 9          # match lengths 1, 2-3, 4-7, ... 128-255, 256 (ngram.MATCH_MAX)
+# The kind from which a match's length alone earns a longer check (16+ tokens).
+VERBATIM_KIND = 4
 # The engine's counts of a kind are halved past this many checks, so that
 # its prior follows the server's recent work rather than all of it.
 ENGINE_HORIZON = 2000.0
@@ -74,6 +76,13 @@ def bucket(match_len: int) -> int:
     """The evidence kind of a guess backed by an n-gram match of
     `match_len` tokens (0: a draft model's, or no match length)."""
     return min(BUCKETS - 1, max(0, match_len.bit_length() - 1))
+
+
+def verbatim_cap(kind: int) -> int:
+    """The guesses a match of this kind earns by its length alone: half its
+    shortest length from VERBATIM_KIND up (a match of 16+ tokens is text
+    being copied, an edit's or a quoted document's), none below."""
+    return 1 << (kind - 1) if kind >= VERBATIM_KIND else 0
 
 
 def expected_kept(alpha: float, k: int) -> float:
@@ -293,7 +302,7 @@ class Controller:
         rows, tokens = n_rows, float(n_rows)
         for i in order:
             c = candidates[i]
-            c.guesses = c.guesses[:c.record.cap]
+            c.guesses = c.guesses[:max(c.record.cap, verbatim_cap(c.kind))]
             k, gain = self._best(rows, tokens, c, n_rows)
             if k == 0:
                 c.record.declined += 1
