@@ -76,7 +76,10 @@ def _metric(url: str, name: str) -> float:
 
 @contextmanager
 def _burning_both_cores():
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    # Each burns until killed, or until this process is gone (a killed test
+    # run must not leave two cores spinning under the next one).
+    burn = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"
+    burners = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(2)]
     try:
         yield
     finally:
