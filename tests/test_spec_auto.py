@@ -27,6 +27,7 @@ from llmctl.runtime.speculation.adaptive import (
     StepCosts,
     bucket,
     expected_kept,
+    verbatim_cap,
 )
 from llmctl.runtime.speculation.spec_config import SpecConfig
 from llmctl.store.resolve import ResolvedModel
@@ -112,17 +113,36 @@ def test_guesses_that_hold_are_checked_and_guesses_that_fail_are_not():
 
 
 def test_a_sequence_earns_long_drafts_with_its_own_kept_guesses():
-    # The engine's checks say long matches hold, but a new sequence's first
-    # check is short; each check's kept run sets the next one's cap.
+    # The engine's checks say matches of 8-15 tokens hold, but a new
+    # sequence's first check is short; each check's kept run sets the next
+    # one's cap.
     ctl = controller(base=10.0, per_row=1.0)
     for _ in range(50):
-        ctl.record(SeqSpec(), 4, 8, 8)
+        ctl.record(SeqSpec(), 3, 8, 8)
     rec = SeqSpec()
-    assert ctl.trim(1, [Candidate(rec, list(range(8)), 4)]) == [PROBE_GUESSES]
-    ctl.record(rec, 4, PROBE_GUESSES, PROBE_GUESSES)
-    assert ctl.trim(1, [Candidate(rec, list(range(8)), 4)]) == [2 * PROBE_GUESSES + PROBE_GUESSES]
-    ctl.record(rec, 4, 6, 0)
-    assert ctl.trim(1, [Candidate(rec, list(range(8)), 4)])[0] <= PROBE_GUESSES
+    assert ctl.trim(1, [Candidate(rec, list(range(8)), 3)]) == [PROBE_GUESSES]
+    ctl.record(rec, 3, PROBE_GUESSES, PROBE_GUESSES)
+    assert ctl.trim(1, [Candidate(rec, list(range(8)), 3)]) == [2 * PROBE_GUESSES + PROBE_GUESSES]
+    ctl.record(rec, 3, 6, 0)
+    assert ctl.trim(1, [Candidate(rec, list(range(8)), 3)])[0] <= PROBE_GUESSES
+
+
+def test_a_verbatim_match_earns_its_draft_by_its_length():
+    # A match of 16+ tokens is text being copied: its first check may take
+    # half the match's shortest length, where the guesses are worth it.
+    ctl = controller(base=10.0, per_row=1.0)
+    for _ in range(50):
+        for kind in (3, 4, 5):
+            ctl.record(SeqSpec(), kind, 16, 16)
+    assert [verbatim_cap(k) for k in (3, 4, 5)] == [0, 8, 16]
+    for kind, first in ((3, PROBE_GUESSES), (4, 8), (5, 16)):
+        assert ctl.trim(1, [Candidate(SeqSpec(), list(range(16)), kind)]) == [first], kind
+    # Still cut by the expected rate: a sequence whose copies fail is not
+    # handed the long check.
+    failing = SeqSpec()
+    for _ in range(20):
+        ctl.record(failing, 5, 16, 0)
+    assert ctl.trim(1, [Candidate(failing, list(range(16)), 5)])[0] < 16
 
 
 def test_a_declining_sequence_probes_now_and_then():
