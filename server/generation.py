@@ -185,6 +185,9 @@ async def parse_generation(request: Request, converting: tuple[str, ...],
     model = body.get("model")
     preset = state.preset(model if isinstance(model, str) else None)
     defaults = preset.params(state.defaults) if preset else state.defaults
+    # The request's loop-guard header over the server's --loop-guard, for
+    # every path that samples from these defaults (hosted MCP rounds too).
+    defaults = defaults.replace(loop_guard=loop_guard(request.headers, defaults.loop_guard))
     field = converting_field(body, converting)
     if field is not None:
         req = await parse_within_deadline(state.workers, field, parse, body, chat, defaults)
@@ -220,8 +223,7 @@ async def _on_lease(request: Request, state: ServerState, req: GenerationRequest
     preset = state.preset(req.model)
     name = preset.name if preset else lease.name        # what the client asked for
     template = llm.chat_template(preset.template if preset else None)
-    params = dialect.sampling(llm.n_ctx).replace(
-        loop_guard=loop_guard(request.headers, state.defaults.loop_guard))
+    params = dialect.sampling(llm.n_ctx)
     if req.structured.tools:
         # Tools become a grammar only now, for this model's format: off the loop too.
         params = await parse_within_deadline(state.workers, "tools", req.structured.sampling,
