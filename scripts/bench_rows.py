@@ -132,5 +132,6 @@ def main() -> None:
               f"{r['max_logit_diff']:.3g}; alone vs beside other sequences: "
               f"{r['beside_other_seqs_diff']:.3g}; top-10 logprob diff {r['top_logprob_diff']:.3g}")
 
+
 if __name__ == "__main__":
     main()

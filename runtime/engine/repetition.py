@@ -27,7 +27,6 @@ class LoopDetector:
 
     def __init__(self, max_period: int = MAX_PERIOD, repeats: int = REPEATS,
                  min_span: int = MIN_SPAN):
-        self.repeats, self.min_span = repeats, min_span
         self._tail = np.full(max_period, -1, dtype=np.int64)   # newest first
         self._runs = np.zeros(max_period, dtype=np.int64)
         self._periods = np.arange(1, max_period + 1)
