@@ -142,26 +142,23 @@ class _Conversation:
 
     def function_call_output(self, item: dict, where: str) -> None:
         if not item.get("call_id") and isinstance(item.get("name"), str) and item["name"]:
-            self._standalone_output(item, where)
-            return
-        call_id = _string(item, "call_id", where)
+            call_id: str | None = self._standalone_call(item, where)
+        else:
+            call_id = _string(item, "call_id", where)
         if "output" not in item:
             raise _bad(f"{where}.output", "is required")
         self.messages.append({"role": "tool", "tool_call_id": call_id,
                               "content": _text(item["output"], f"{where}.output")})
 
-    def _standalone_output(self, item: dict, where: str) -> None:
-        """An output the client adds without a call (Codex 0.171 sends its
-        goal this way: a name and namespace, no call_id): rendered as a
-        call of that tool, without arguments, and its result, so every
-        template sees a result that answers a call."""
-        if "output" not in item:
-            raise _bad(f"{where}.output", "is required")
+    def _standalone_call(self, item: dict, where: str) -> str:
+        """The id of a call made up for an output the client adds without
+        one (Codex 0.171 sends its goal this way: a name and namespace, no
+        call_id): a call of that tool without arguments, so every template
+        sees a result that answers a call."""
         namespace = _string(item, "namespace", where, required=False)
         call_id = f"call_{item.get('id') or new_id('fco')}"
         self._call(call_id, flat_name(namespace, item["name"]), "{}")
-        self.messages.append({"role": "tool", "tool_call_id": call_id,
-                              "content": _text(item["output"], f"{where}.output")})
+        return call_id
 
     def reasoning(self, item: dict, where: str) -> None:
         """The thought: what this server sealed, else the item's own
