@@ -7,23 +7,25 @@
 # the forced cache entry, and llama.cpp's option() (policy CMP0077) keeps it.
 set(LLAMA_BUILD_COMMON OFF)
 
-# Patches to ggml's CPU flash attention, each checked: the build stops if
-# its anchor is not found, so a new llama.cpp cannot drop one silently.
-# They are applied once to the source tree (a rebuild finds them in place).
+# Patches to ggml's CPU kernels, each checked: the build stops if its anchor
+# is not found, so a new llama.cpp cannot drop one silently. They are applied
+# once to the source tree (a rebuild finds them in place). OLD_VAR and NEW_VAR
+# name variables, so C++ text passes through unparsed.
+function(_llmctl_patch old_var new_var what)
+  string(FIND "${_llmctl_src}" "${${old_var}}" _at)
+  if(_at EQUAL -1)
+    message(FATAL_ERROR "llmctl: ${what} not found in ${_llmctl_file}")
+  endif()
+  string(REPLACE "${${old_var}}" "${${new_var}}" _out "${_llmctl_src}")
+  set(_llmctl_src "${_out}" PARENT_SCOPE)
+endfunction()
+
+# Flash attention.
 set(_llmctl_fa "${CMAKE_CURRENT_SOURCE_DIR}/ggml/src/ggml-cpu/ops.cpp")
+set(_llmctl_file "${_llmctl_fa}")
 file(READ "${_llmctl_fa}" _llmctl_src)
 string(FIND "${_llmctl_src}" "llmctl:" _llmctl_done)
 if(_llmctl_done EQUAL -1)
-  # OLD_VAR and NEW_VAR name variables, so C++ text passes through unparsed.
-  function(_llmctl_patch old_var new_var what)
-    string(FIND "${_llmctl_src}" "${${old_var}}" _at)
-    if(_at EQUAL -1)
-      message(FATAL_ERROR "llmctl: ${what} not found in ${_llmctl_fa}")
-    endif()
-    string(REPLACE "${${old_var}}" "${${new_var}}" _out "${_llmctl_src}")
-    set(_llmctl_src "${_out}" PARENT_SCOPE)
-  endfunction()
-
   # Batch invariance (docs/exactness.md): with two or more threads, ggml's
   # CPU flash attention gives a lone decode row over 512+ KV cells a
   # split-KV kernel, which sums the softmax in per-thread pieces, while the
@@ -80,4 +82,39 @@ if(_llmctl_done EQUAL -1)
   set(_new "                if (!llmctl_rows) VKQ32[d] = GGML_CPU_FP16_TO_FP32(VKQ16[d]);")
   _llmctl_patch(_old _new "the per-row kernel's f16 accumulator")
   file(WRITE "${_llmctl_fa}" "${_llmctl_src}")
+endif()
+
+# Batch invariance for K-quant weights in their file's layout (the default's
+# layout, docs/exactness.md): ggml's tiled matmul, which rounds the same in a
+# call of any size, takes every row count, and llmctl's few-row kernel
+# (llama_cpp_tiled_rows.h) computes 1-7 rows of Q4_K and Q6_K as fast as the
+# one-row kernel did, rounding as the tiles do.
+set(_llmctl_tiled "${CMAKE_CURRENT_SOURCE_DIR}/ggml/src/ggml-cpu/tiled/tiled.cpp")
+set(_llmctl_file "${_llmctl_tiled}")
+file(READ "${_llmctl_tiled}" _llmctl_src)
+string(FIND "${_llmctl_src}" "llmctl:" _llmctl_done)
+if(_llmctl_done EQUAL -1)
+  file(READ "${CMAKE_CURRENT_LIST_DIR}/llama_cpp_tiled_rows.h" _code)
+  set(_old "template <typename B, int SUBBLK, bool HAS_MIN, int BIAS, bool ACTBIAS>
+static void ggml_compute_forward_mul_mat_tiled_driver(")
+  set(_new "${_code}\n${_old}")
+  _llmctl_patch(_old _new "the tiled matmul's driver")
+  set(_old "    ggml_barrier(params->threadpool);
+
+    // This is the size of the first dimension of the result, so we can")
+  set(_new "    ggml_barrier(params->threadpool);
+
+    // llmctl: 1-7 rows of Q4_K and Q6_K through llama_cpp_tiled_rows.h.
+    if (llmctl_tiled_rows<B>(params, dst,
+            (src1->type == vec_dot_type) ? src1->data : params->wdata,
+            (src1->type == vec_dot_type) ? (size_t) nb11 : ggml_row_size(vec_dot_type, ne10))) {
+        return;
+    }
+
+    // This is the size of the first dimension of the result, so we can")
+  _llmctl_patch(_old _new "the tiled matmul's start")
+  set(_old "return rows >= 8 || ggml_tiled_matmul_forced();")
+  set(_new "return rows >= 1 || ggml_tiled_matmul_forced(); // llmctl: batch-invariant")
+  _llmctl_patch(_old _new "the tiled matmul's row floor")
+  file(WRITE "${_llmctl_tiled}" "${_llmctl_src}")
 endif()

@@ -1,0 +1,97 @@
+"""One ggml op on the CPU, straight through ggml's C API: how llmctl's
+patched kernels (scripts/llama_cpp_*_rows.h) are tested on their own, apart
+from any model. A matmul of quantized weights by float activations runs
+exactly as llama.cpp runs it in a model's graph: the same kernel choice by
+row count, the same activation quantization, the same threads."""
+
+from __future__ import annotations
+
+import ctypes
+import pathlib
+
+import llama_cpp
+import numpy as np
+
+# ggml's type ids (ggml.h)
+F32, Q4_0, Q8_0, Q4_K, Q6_K = 0, 2, 8, 12, 14
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+
+
+class _InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", _P), ("no_alloc", ctypes.c_bool)]
+
+
+def _bind():
+    lib = pathlib.Path(llama_cpp.__file__).parent / "lib"
+    base = ctypes.CDLL(str(lib / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+    cpu = ctypes.CDLL(str(lib / "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+    sigs = {
+        (base, "ggml_init"): ([_InitParams], _P),
+        (base, "ggml_free"): ([_P], None),
+        (base, "ggml_new_tensor_2d"): ([_P, ctypes.c_int, _I64, _I64], _P),
+        (base, "ggml_mul_mat"): ([_P, _P, _P], _P),
+        (base, "ggml_new_graph"): ([_P], _P),
+        (base, "ggml_build_forward_expand"): ([_P, _P], None),
+        (base, "ggml_get_data"): ([_P], _P),
+        (base, "ggml_quantize_chunk"): ([ctypes.c_int, _P, _P, _I64, _I64, _I64, _P],
+                                        ctypes.c_size_t),
+        (base, "ggml_row_size"): ([ctypes.c_int, _I64], ctypes.c_size_t),
+        (cpu, "ggml_graph_compute_with_ctx"): ([_P, _P, ctypes.c_int], ctypes.c_int),
+        (cpu, "ggml_cpu_init"): ([], None),
+    }
+    for (so, name), (args, res) in sigs.items():
+        fn = getattr(so, name)
+        fn.argtypes, fn.restype = args, res
+    cpu.ggml_cpu_init()
+    return base, cpu
+
+
+_LIBS = None
+
+
+def _libs():
+    global _LIBS
+    if _LIBS is None:
+        _LIBS = _bind()
+    return _LIBS
+
+
+def quantize(wtype: int, w: np.ndarray) -> bytes:
+    """w (rows, k) as ggml stores it in `wtype`: the file's layout."""
+    base, _ = _libs()
+    w = np.ascontiguousarray(w, dtype=np.float32)
+    rows, k = w.shape
+    out = ctypes.create_string_buffer(base.ggml_row_size(wtype, k) * rows)
+    base.ggml_quantize_chunk(wtype, w.ctypes.data, out, 0, rows, k, None)
+    return out.raw
+
+
+def matmul(wtype: int, w: np.ndarray, x: np.ndarray, threads: int = 1) -> np.ndarray:
+    """x (n, k) times the transpose of w (rows, k), w quantized to `wtype`
+    and kept in its file's layout (never repacked): (n, rows) in float32."""
+    base, cpu = _libs()
+    rows, k = w.shape
+    n = x.shape[0]
+    packed = quantize(wtype, w)
+    mem = len(packed) + 4 * k * n + 4 * rows * n + (threads + 2) * (1 << 20) + (1 << 20)
+    ctx = base.ggml_init(_InitParams(mem, None, False))
+    if not ctx:
+        raise MemoryError("ggml_init failed")
+    try:
+        a = base.ggml_new_tensor_2d(ctx, wtype, k, rows)
+        ctypes.memmove(base.ggml_get_data(a), packed, len(packed))
+        b = base.ggml_new_tensor_2d(ctx, F32, k, n)
+        xs = np.ascontiguousarray(x, dtype=np.float32)
+        ctypes.memmove(base.ggml_get_data(b), xs.ctypes.data, xs.nbytes)
+        c = base.ggml_mul_mat(ctx, a, b)
+        graph = base.ggml_new_graph(ctx)
+        base.ggml_build_forward_expand(graph, c)
+        if cpu.ggml_graph_compute_with_ctx(ctx, graph, threads) != 0:
+            raise RuntimeError("ggml_graph_compute_with_ctx failed")
+        out = np.empty((n, rows), np.float32)
+        ctypes.memmove(out.ctypes.data, base.ggml_get_data(c), out.nbytes)
+        return out
+    finally:
+        base.ggml_free(ctx)
