@@ -5,8 +5,8 @@ with the backend on one model: the time of one llama_decode of
 that checks 1-8 guesses), and the largest logit difference between rows
 decoded one at a time and the same rows decoded together (and between a
 row alone and beside another sequence's row), with ggml's CPU weight
-repacking on, and off with ggml's tiled K-quant matmul on and off (off is
-what --deterministic runs). Flash attention on by default, as speculation uses
+repacking on, and off (what --deterministic runs) with ggml's tiled K-quant
+matmul on and off. Flash attention on by default, as speculation uses
 it; `--flash-attn off` measures what a prefix-cache hit and a batched
 request depend on under the server's default settings (docs/exactness.md).
 The exactness figure is llmctl.runtime.llama.exactness's, the one `llmctl info`
@@ -79,9 +79,10 @@ def measure(path, repack: bool, threads: int, repeat: int, n: int, flash_attn: b
 
 # The arms, each in a process of its own: ggml reads its tiled-matmul switch
 # once per process (runtime/llama/library.py). --deterministic is the file's
-# layout with the switch off; "file layout, tiled" is what it ran before.
-ARMS = {"repacked": (True, None), "file layout, tiled": (False, "1"),
-        "--deterministic": (False, "0")}
+# layout; "one-row kernel" is the file's layout with ggml's tiled matmul off,
+# which --deterministic ran before llmctl's build made the tiled path exact.
+ARMS = {"repacked": (True, None), "file layout": (False, None),
+        "file layout, one-row kernel": (False, "0")}
 
 
 def _arm(name: str, argv: list[str]) -> dict:
@@ -128,7 +129,7 @@ def main() -> None:
         steps = ", ".join(f"{k} rows {v:.0f} ms ({v / one:.1f}x)" for k, v in ms.items())
         if r["seqs_ms"] is not None:
             steps += f", {args.seqs} sequences a row each {r['seqs_ms']:.0f} ms"
-        print(f"{name:18}: {steps}; one-at-a-time vs together: max logit diff "
+        print(f"{name:27}: {steps}; one-at-a-time vs together: max logit diff "
               f"{r['max_logit_diff']:.3g}; alone vs beside other sequences: "
               f"{r['beside_other_seqs_diff']:.3g}; top-10 logprob diff {r['top_logprob_diff']:.3g}")
 

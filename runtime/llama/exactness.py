@@ -16,17 +16,13 @@ This module calls llama.cpp only through the package's classes."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from llmctl.errors import LlmctlError
 from llmctl.runtime.llama.context import ContextConfig, LlamaContext
 from llmctl.runtime.llama.library import (
     LLAMA_CPP_VERSION,
@@ -154,29 +150,9 @@ def measure_rows(path: str | Path, *, flash_attn: bool = False, repack: bool = T
     with _cache_lock:
         if key in _cache:
             return _cache[key]
-        # The file's layout is measured as --deterministic computes it, with
-        # ggml's tiled matmul off (library.exact_matmuls): in a process of
-        # its own, since this one's ggml may have read its switch already.
-        measure = _measure if repack else _measure_apart
-        result = measure(path, flash_attn, repack, threads, context)
+        result = _measure(path, flash_attn, repack, threads, context)
         _cache[key] = result
         return result
-
-
-def _measure_apart(path: Path, flash_attn: bool, repack: bool, threads: int,
-                   context: int) -> RowExactness:
-    args = json.dumps([str(path), flash_attn, repack, threads, context])
-    run = subprocess.run([sys.executable, "-m", __name__, args], capture_output=True, text=True,
-                         env={TILED_MATMUL_ENV: "0", **os.environ}, timeout=600)
-    if run.returncode != 0:
-        lines = (run.stderr.strip() or f"exit code {run.returncode}").splitlines()
-        raise LlmctlError(f"measuring {path.name}'s rows failed: {lines[-1]}")
-    return RowExactness(**json.loads(run.stdout.splitlines()[-1]))
-
-
-def _main(args: str) -> None:
-    path, flash_attn, repack, threads, context = json.loads(args)
-    print(json.dumps(_measure(Path(path), flash_attn, repack, threads, context).to_dict()))
 
 
 def _measure(path: Path, flash_attn: bool, repack: bool, threads: int,
@@ -199,6 +175,3 @@ def _measure(path: Path, flash_attn: bool, repack: bool, threads: int,
                   f"batch, and of one row alone vs beside {ROWS - 1} other sequences' rows"),
         model=path.name, flash_attn=flash_attn, repack=repack, threads=threads, context=context)
 
-
-if __name__ == "__main__":
-    _main(sys.argv[1])

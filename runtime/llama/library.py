@@ -26,21 +26,12 @@ _GGML_LOG_LEVEL_CONT = 5
 # What a saved KV state depends on: the library that wrote it.
 LLAMA_CPP_VERSION: str = lc.__version__
 
-# ggml's switch for its tiled K-quant matmul, which takes calls of 8 or more
-# rows over weights in their file's layout and rounds otherwise than the
-# one-row kernel (docs/exactness.md). ggml reads it once per process, at
-# the first matmul the tiled kernel could take.
+# ggml's switch for its tiled K-quant matmul, which computes weights in their
+# file's layout (Q4_K, Q6_K, ...). In llmctl's build it takes every row count
+# and rounds a row alike in a call of any size (docs/exactness.md); set to 0,
+# ggml's one-row kernel takes every call instead: also exact, but a prompt
+# chunk is several times slower. ggml reads it once per process.
 TILED_MATMUL_ENV = "GGML_CPU_TILED_MM"
-
-
-def exact_matmuls() -> None:
-    """Turn ggml's tiled K-quant matmul off for this process, so a row of a
-    matmul computes the same in a call of any size: what weights in their
-    file's layout (--deterministic) need to be batch-invariant. It holds
-    where no such matmul has run in the process yet (ggml reads the switch
-    once), as in a command that loads its model first. A value you set
-    yourself is kept (GGML_CPU_TILED_MM=1: speed over exactness)."""
-    os.environ.setdefault(TILED_MATMUL_ENV, "0")
 
 
 class LogCapture:

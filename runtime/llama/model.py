@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import llama_cpp as lc
 
 from llmctl.errors import BadModelFile
-from llmctl.runtime.llama.library import exact_matmuls, init_backend
+from llmctl.runtime.llama.library import init_backend
 
 if TYPE_CHECKING:
     from llmctl.runtime.llama.handle import ContextHandle
@@ -26,16 +26,14 @@ class LlamaModel:
     """A loaded model: weights and vocabulary. `repack` False keeps ggml's
     CPU backend from repacking quantized weights for its faster kernels:
     those compute a multi-row batch with another kernel than a single row,
-    rounding differently (scripts/bench_rows.py measures both); it also
-    turns off, for the process, ggml's tiled matmul over the file's layout,
-    which does the same (library.exact_matmuls). Raises BadModelFile when
-    llama.cpp cannot load the file."""
+    rounding differently (scripts/bench_rows.py measures both); in the
+    file's layout llmctl's build computes a row alike at any row count
+    (docs/exactness.md). Raises BadModelFile when llama.cpp cannot load the
+    file."""
 
     def __init__(self, path: str | Path, *, n_gpu_layers: int = 0, vocab_only: bool = False,
                  repack: bool = True):
         init_backend()
-        if not repack and not vocab_only:
-            exact_matmuls()
         self.path = Path(path)
         params = lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
