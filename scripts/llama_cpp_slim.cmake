@@ -87,8 +87,8 @@ endif()
 # Batch invariance for K-quant weights in their file's layout (the default's
 # layout, docs/exactness.md): ggml's tiled matmul, which rounds the same in a
 # call of any size, takes every row count, and llmctl's few-row kernel
-# (llama_cpp_tiled_rows.h) computes 1-7 rows of Q4_K and Q6_K as fast as the
-# one-row kernel did, rounding as the tiles do.
+# (llama_cpp_tiled_rows.h) computes 1-14 rows of Q4_K and Q6_K, faster than
+# the one-row kernel did, rounding as the tiles do.
 set(_llmctl_tiled "${CMAKE_CURRENT_SOURCE_DIR}/ggml/src/ggml-cpu/tiled/tiled.cpp")
 set(_llmctl_file "${_llmctl_tiled}")
 file(READ "${_llmctl_tiled}" _llmctl_src)
@@ -104,7 +104,7 @@ static void ggml_compute_forward_mul_mat_tiled_driver(")
     // This is the size of the first dimension of the result, so we can")
   set(_new "    ggml_barrier(params->threadpool);
 
-    // llmctl: 1-7 rows of Q4_K and Q6_K through llama_cpp_tiled_rows.h.
+    // llmctl: 1-14 rows of Q4_K and Q6_K through llama_cpp_tiled_rows.h.
     if (llmctl_tiled_rows<B>(params, dst,
             (src1->type == vec_dot_type) ? src1->data : params->wdata,
             (src1->type == vec_dot_type) ? (size_t) nb11 : ggml_row_size(vec_dot_type, ne10))) {

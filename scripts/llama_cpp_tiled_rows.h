@@ -11,19 +11,20 @@
 //   r = d0 * float(s1) [- dmin0 * float(s2), fused];  acc = fma(r, d1, acc)
 // block after block, whatever tile the output fell in. Forced to one row it
 // is exact but about 1.4x as slow as vec_dot (a 16-wide microtile mostly
-// padding). This kernel computes the same integers the vec_dot way, straight
-// from the packed blocks, and applies the tiled kernel's float steps.
+// padding). This kernel takes 1-14 rows (more are faster in the tiles): it
+// computes the same integers the vec_dot way, straight from the packed
+// blocks, and applies the tiled kernel's float steps.
 //
 // Exactness: the integer sums are exact (no int16 pair can saturate: 4-bit
 // and 6-bit codes times int8 stay under 2*63*127), so only the float steps
 // matter, and they are the tiled kernel's, in its order. tests/test_kernels.py
-// checks it bit for bit against the tiled path at 8+ rows.
+// checks it bit for bit against the tiled path at 15+ rows.
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #include <type_traits>
 
-#define LLMCTL_GEMV_MAX_ROWS 7   // the tiled path takes 8+ rows at its own speed
-#define LLMCTL_GEMV_CHUNK 16     // weight rows per work item
+#define LLMCTL_GEMV_MAX_ROWS 14  // more rows are faster in the tiled kernel
+#define LLMCTL_GEMV_CHUNK 16     // weight rows per work item, at least
 
 // Eight lanes' sums of v[0..8) into the lanes of one vector (lane u = v[u]).
 static inline __m256i llmctl_sum8(const __m256i * v) {
@@ -248,12 +249,24 @@ static bool llmctl_tiled_rows(const struct ggml_compute_params * params, struct 
             y[r] = (const block_q8_K *) ((const char *) wdata + r*row_size);
         }
         const int64_t nrows = src0->ne[1];
-        const int64_t nchunks = (nrows + LLMCTL_GEMV_CHUNK - 1) / LLMCTL_GEMV_CHUNK;
+        // eight work items per thread: few enough that the shared counter
+        // costs nothing, enough to even out a slow core
+        const int64_t per = std::max<int64_t>(LLMCTL_GEMV_CHUNK,
+            (nrows/(8*params->nth) + LLMCTL_GEMV_CHUNK - 1)/LLMCTL_GEMV_CHUNK*LLMCTL_GEMV_CHUNK);
+        const int64_t nchunks = (nrows + per - 1)/per;
         float out[LLMCTL_GEMV_MAX_ROWS];
         for (int64_t c = params->ith; c < nchunks; c = ggml_threadpool_chunk_add(params->threadpool, 1)) {
-            const int64_t i1 = std::min<int64_t>(nrows, (c + 1)*LLMCTL_GEMV_CHUNK);
-            for (int64_t i = c*LLMCTL_GEMV_CHUNK; i < i1; ++i) {
+            const int64_t i1 = std::min<int64_t>(nrows, (c + 1)*per);
+            for (int64_t i = c*per; i < i1; ++i) {
                 const B * x = (const B *) ((const char *) src0->data + i*src0->nb[1]);
+                // two rows ahead: the hardware prefetcher alone left a
+                // one-row step a quarter slower (docs/measurements.md)
+                if (i + 2 < i1) {
+                    const char * ahead = (const char *) src0->data + (i + 2)*src0->nb[1];
+                    for (size_t o = 0; o < src0->nb[1]; o += 64) {
+                        _mm_prefetch(ahead + o, _MM_HINT_T0);
+                    }
+                }
                 llmctl_row<B>(x, y, (int) n, nb, out);
                 for (int64_t r = 0; r < n; ++r) {
                     *(float *) ((char *) dst->data + i*dst->nb[0] + r*dst->nb[1]) = out[r];
