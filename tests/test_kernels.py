@@ -1,9 +1,11 @@
-"""llmctl's patched CPU kernels, each on its own (docs/exactness.md).
+"""llmctl's patched CPU kernels, each on its own (docs/exactness.md),
+through ggml's C API (runtime/llama/ggml_ops.py): a row's result must be
+the same bits whatever the row count and thread count, and close to a
+float64 reference.
 
 K-quant weights in their file's layout: ggml's tiled matmul takes 15+
 activation rows and, in llmctl's build, llmctl's few-row kernel
-(scripts/llama_cpp_tiled_rows.h) takes 1-14. A row's result must be the same
-bits whatever the row count and thread count, and close to the exact product.
+(scripts/llama_cpp_tiled_rows.h) takes 1-14. Flash attention: see below.
 """
 
 from __future__ import annotations
@@ -74,3 +76,45 @@ def test_the_few_row_kernel_matches_a_float64_product(name):
         got = ggml_ops.matmul(wtype, w, x[:n], threads=2).astype(np.float64)
         err = np.abs(got - exact[:n])
         assert (err <= 1e-5 * scale[:n]).all(), f"{n} rows: worst relative {(err / scale[:n]).max()}"
+
+
+# Flash attention, F16 KV: llmctl's per-row kernel (scripts/llama_cpp_fa_rows.h)
+# takes chunks of 1-63 query rows and, past 512 cells, a lone row too (the
+# split-KV kernel is off); ggml's tiled kernel takes 64+ rows, and rounds
+# otherwise (the scheduler's tile rule, docs/exactness.md).
+def _attention_case(rows: int, cells: int = 700):
+    rng = np.random.default_rng(4)
+    heads, kv_heads, dim = 4, 2, 64        # grouped-query, as Qwen's
+    q = rng.standard_normal((heads, rows, dim)).astype(np.float32)
+    k = rng.standard_normal((kv_heads, cells, dim)).astype(np.float16)
+    v = rng.standard_normal((kv_heads, cells, dim)).astype(np.float16)
+    mask = np.zeros((rows, cells), np.float16)
+    mask[rng.random((rows, cells)) < 0.3] = -np.inf
+    mask[:, -1] = 0                         # no row is all masked
+    return q, k, v, mask
+
+
+def test_attention_rows_are_the_same_bits_at_any_row_and_thread_count():
+    q, k, v, mask = _attention_case(63)
+    ref = ggml_ops.flash_attn(q, k, v, mask, 0.125, threads=1)
+    for n in (1, 2, 3, 8, 9, 17, 33, 63):
+        for threads in (1, 2):
+            got = ggml_ops.flash_attn(q[:, :n], k, v, mask[:n], 0.125, threads=threads)
+            diff = np.abs(got - ref[:n]).max()
+            assert np.array_equal(got, ref[:n]), f"{n} rows, {threads} threads: off by {diff}"
+
+
+@pytest.mark.parametrize("rows", (1, 63, 80))      # per-row kernel, and ggml's tile at 80
+def test_attention_matches_a_float64_softmax(rows):
+    """softmax(q k^T / 8 + mask) v in float64 from the same float16 K and V:
+    float32 sums and the vector exp leave under 1e-5 of max|v|."""
+    q, k, v, mask = _attention_case(rows)
+    got = ggml_ops.flash_attn(q, k, v, mask, 0.125, threads=2).astype(np.float64)
+    group = q.shape[0] // k.shape[0]
+    for h in range(q.shape[0]):
+        kv = h // group
+        s = q[h].astype(np.float64) @ k[kv].astype(np.float64).T * 0.125 + mask.astype(np.float64)
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        want = (p / p.sum(axis=1, keepdims=True)) @ v[kv].astype(np.float64)
+        err = np.abs(got[:, h] - want).max()
+        assert err <= 1e-5 * np.abs(v).max(), f"head {h}: off by {err}"

@@ -13,7 +13,7 @@ import llama_cpp
 import numpy as np
 
 # ggml's type ids (ggml.h)
-F32, Q4_0, Q8_0, Q4_K, Q6_K = 0, 2, 8, 12, 14
+F32, F16, Q4_0, Q8_0, Q4_K, Q6_K = 0, 1, 2, 8, 12, 14
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -31,7 +31,10 @@ def _bind():
         (base, "ggml_init"): ([_InitParams], _P),
         (base, "ggml_free"): ([_P], None),
         (base, "ggml_new_tensor_2d"): ([_P, ctypes.c_int, _I64, _I64], _P),
+        (base, "ggml_new_tensor_3d"): ([_P, ctypes.c_int, _I64, _I64, _I64], _P),
         (base, "ggml_mul_mat"): ([_P, _P, _P], _P),
+        (base, "ggml_flash_attn_ext"): ([_P, _P, _P, _P, _P, ctypes.c_float, ctypes.c_float,
+                                         ctypes.c_float], _P),
         (base, "ggml_new_graph"): ([_P], _P),
         (base, "ggml_build_forward_expand"): ([_P, _P], None),
         (base, "ggml_get_data"): ([_P], _P),
@@ -68,30 +71,65 @@ def quantize(wtype: int, w: np.ndarray) -> bytes:
     return out.raw
 
 
-def matmul(wtype: int, w: np.ndarray, x: np.ndarray, threads: int = 1) -> np.ndarray:
-    """x (n, k) times the transpose of w (rows, k), w quantized to `wtype`
-    and kept in its file's layout (never repacked): (n, rows) in float32."""
+def _run(mem: int, build, threads: int, out: np.ndarray) -> np.ndarray:
+    """Make a context, let `build(base, ctx)` return the result tensor,
+    compute it on `threads` threads and copy it into `out`."""
     base, cpu = _libs()
-    rows, k = w.shape
-    n = x.shape[0]
-    packed = quantize(wtype, w)
-    mem = len(packed) + 4 * k * n + 4 * rows * n + (threads + 2) * (1 << 20) + (1 << 20)
-    ctx = base.ggml_init(_InitParams(mem, None, False))
+    ctx = base.ggml_init(_InitParams(mem + (threads + 2) * (1 << 20) + (1 << 20), None, False))
     if not ctx:
         raise MemoryError("ggml_init failed")
     try:
-        a = base.ggml_new_tensor_2d(ctx, wtype, k, rows)
-        ctypes.memmove(base.ggml_get_data(a), packed, len(packed))
-        b = base.ggml_new_tensor_2d(ctx, F32, k, n)
-        xs = np.ascontiguousarray(x, dtype=np.float32)
-        ctypes.memmove(base.ggml_get_data(b), xs.ctypes.data, xs.nbytes)
-        c = base.ggml_mul_mat(ctx, a, b)
+        c = build(base, ctx)
         graph = base.ggml_new_graph(ctx)
         base.ggml_build_forward_expand(graph, c)
         if cpu.ggml_graph_compute_with_ctx(ctx, graph, threads) != 0:
             raise RuntimeError("ggml_graph_compute_with_ctx failed")
-        out = np.empty((n, rows), np.float32)
         ctypes.memmove(out.ctypes.data, base.ggml_get_data(c), out.nbytes)
         return out
     finally:
         base.ggml_free(ctx)
+
+
+def _tensor(base, ctx, ggml_type: int, a: np.ndarray):
+    """A ggml tensor holding numpy array `a` (its last axis is ggml's ne0)."""
+    t = base.ggml_new_tensor_3d(ctx, ggml_type, *(list(a.shape[::-1]) + [1, 1])[:3])
+    ctypes.memmove(base.ggml_get_data(t), a.ctypes.data, a.nbytes)
+    return t
+
+
+def matmul(wtype: int, w: np.ndarray, x: np.ndarray, threads: int = 1) -> np.ndarray:
+    """x (n, k) times the transpose of w (rows, k), w quantized to `wtype`
+    and kept in its file's layout (never repacked): (n, rows) in float32."""
+    rows, k = w.shape
+    n = x.shape[0]
+    packed = quantize(wtype, w)
+    xs = np.ascontiguousarray(x, dtype=np.float32)
+
+    def build(base, ctx):
+        a = base.ggml_new_tensor_2d(ctx, wtype, k, rows)
+        ctypes.memmove(base.ggml_get_data(a), packed, len(packed))
+        return base.ggml_mul_mat(ctx, a, _tensor(base, ctx, F32, xs))
+
+    return _run(len(packed) + xs.nbytes * 2 + 4 * rows * n, build, threads,
+                np.empty((n, rows), np.float32))
+
+
+def flash_attn(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float,
+               threads: int = 1) -> np.ndarray:
+    """ggml's CPU flash attention as llama.cpp calls it: q (heads, rows, DK)
+    float32, k and v (kv_heads, cells, DK or DV) float16, mask (rows, cells)
+    float16 (0 or -inf); (rows, heads, DV) in float32."""
+    q = np.ascontiguousarray(q, dtype=np.float32)
+    k = np.ascontiguousarray(k, dtype=np.float16)
+    v = np.ascontiguousarray(v, dtype=np.float16)
+    mask = np.ascontiguousarray(mask, dtype=np.float16)
+    heads, rows, _ = q.shape
+
+    def build(base, ctx):
+        return base.ggml_flash_attn_ext(ctx, _tensor(base, ctx, F32, q), _tensor(base, ctx, F16, k),
+                                        _tensor(base, ctx, F16, v), _tensor(base, ctx, F16, mask),
+                                        scale, 0.0, 0.0)
+
+    out = np.empty((rows, heads, v.shape[2]), np.float32)
+    mem = q.nbytes + k.nbytes + v.nbytes + mask.nbytes + 2 * out.nbytes
+    return _run(mem, build, threads, out)
