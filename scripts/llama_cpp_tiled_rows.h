@@ -51,6 +51,41 @@ struct llmctl_block_ints {
     alignas(32) float dmin[8];
 };
 
+#ifdef LLMCTL_512
+typedef __m512i llmctl_vec;     // two 32-element groups per vector
+#else
+typedef __m256i llmctl_vec;
+#endif
+
+// For each activation row r, block b into slot u: s[r][u], eight lanes
+// that sum to sum_k scale_k * (codes_k . a_k) (q: a block's unsigned codes,
+// sv: each group's scale in int16 lanes), and m[r][u], lanes that sum to
+// the sixteen bsums weighted by bw.
+// (always_inline: without it, GCC compiled 5-row steps 6% slower.)
+static inline __attribute__((always_inline)) void llmctl_rows_ints(
+        const llmctl_vec * q, const llmctl_vec * sv, __m256i bw, const block_q8_K * const * y,
+        int b, int n, int u, llmctl_block_ints & t) {
+    for (int r = 0; r < n; ++r) {
+        const block_q8_K & a = y[r][b];
+#ifdef LLMCTL_512
+        __m512i s = _mm512_setzero_si512();
+        for (int j = 0; j < 4; ++j) {
+            const __m512i p = _mm512_maddubs_epi16(q[j], _mm512_loadu_si512(a.qs + 64*j));
+            s = _mm512_add_epi32(s, _mm512_madd_epi16(sv[j], p));
+        }
+        t.s[r][u] = llmctl_fold(s);
+#else
+        __m256i s = _mm256_setzero_si256();
+        for (int k = 0; k < 8; ++k) {
+            const __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *) (a.qs + 32*k)));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(sv[k], p));
+        }
+        t.s[r][u] = s;
+#endif
+        t.m[r][u] = _mm256_madd_epi16(bw, _mm256_loadu_si256((const __m256i *) a.bsums));
+    }
+}
+
 static inline void llmctl_ints(const block_q4_K & x, const block_q8_K * const * y, int b, int n,
                                int u, llmctl_block_ints & t) {
     static const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
@@ -89,25 +124,7 @@ static inline void llmctl_ints(const block_q4_K & x, const block_q8_K * const * 
 #endif
     t.d0[u] = _cvtsh_ss(x.data.data.d);
     t.dmin[u] = _cvtsh_ss(x.data.data.dmin);
-    for (int r = 0; r < n; ++r) {
-        const block_q8_K & a = y[r][b];
-#ifdef LLMCTL_512
-        __m512i s = _mm512_setzero_si512();
-        for (int j = 0; j < 4; ++j) {
-            const __m512i p = _mm512_maddubs_epi16(q4[j], _mm512_loadu_si512(a.qs + 64*j));
-            s = _mm512_add_epi32(s, _mm512_madd_epi16(sv[j], p));
-        }
-        t.s[r][u] = llmctl_fold(s);
-#else
-        __m256i s = _mm256_setzero_si256();
-        for (int k = 0; k < 8; ++k) {
-            const __m256i p = _mm256_maddubs_epi16(q4[k], _mm256_loadu_si256((const __m256i *) (a.qs + 32*k)));
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(sv[k], p));
-        }
-        t.s[r][u] = s;
-#endif
-        t.m[r][u] = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *) a.bsums));
-    }
+    llmctl_rows_ints(q4, sv, mins, y, b, n, u, t);
 }
 
 // Q6_K: codes 0..63 (the stored value + 32); scale k covers elements 16k..16k+15.
@@ -159,25 +176,7 @@ static inline void llmctl_ints(const block_q6_K & x, const block_q8_K * const * 
 #endif
     t.d0[u] = _cvtsh_ss(x.d);
     t.dmin[u] = 0.0f;
-    for (int r = 0; r < n; ++r) {
-        const block_q8_K & a = y[r][b];
-#ifdef LLMCTL_512
-        __m512i s = _mm512_setzero_si512();
-        for (int p = 0; p < 4; ++p) {
-            const __m512i pr = _mm512_maddubs_epi16(q6[p], _mm512_loadu_si512(a.qs + 64*p));
-            s = _mm512_add_epi32(s, _mm512_madd_epi16(sv[p], pr));
-        }
-        t.s[r][u] = llmctl_fold(s);
-#else
-        __m256i s = _mm256_setzero_si256();
-        for (int g = 0; g < 8; ++g) {
-            const __m256i pr = _mm256_maddubs_epi16(q6[g], _mm256_loadu_si256((const __m256i *) (a.qs + 32*g)));
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(sv[g], pr));
-        }
-        t.s[r][u] = s;
-#endif
-        t.m[r][u] = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *) a.bsums));
-    }
+    llmctl_rows_ints(q6, sv, sc16, y, b, n, u, t);
 }
 
 // One weight row times n activation rows into out[r], eight blocks at a

@@ -13,7 +13,7 @@ import llama_cpp
 import numpy as np
 
 # ggml's type ids (ggml.h)
-F32, F16, Q4_0, Q8_0, Q4_K, Q6_K = 0, 1, 2, 8, 12, 14
+F32, F16, Q4_K, Q6_K = 0, 1, 12, 14
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
