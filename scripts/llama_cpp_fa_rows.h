@@ -13,13 +13,18 @@
 // How: up to LLMCTL_FA_GROUP query rows of one head at a time, so a block of
 // LLMCTL_FA_BLOCK cells of K and V is read from memory once for all of them;
 // per row and block three passes: the scores, eight cells per step with the
-// horizontal sums batched; their exponentials, vectorized; then V
-// accumulated in f32. Online softmax rescales between blocks, as ggml's
-// does between cells.
+// horizontal sums batched; their scale, mask and exponentials, eight cells
+// per step, the softmax sum in eight lanes; then V accumulated in f32.
+// Online softmax rescales between blocks, as ggml's does between cells. It
+// takes chunks of every size, a 512-row prompt chunk too, where ggml would
+// take its 64-row tiled kernel (within 3% of it after 2,000 and 6,000
+// tokens, docs/measurements.md), so no cut of a prompt changes its rows.
 //
 // Batch invariance (docs/exactness.md) is kept by construction: each cell's
 // score uses one summation order whether it falls in an eight-cell group or
-// in the tail, every exponential is the vector one, block edges are fixed
+// in the tail, the tail's scale and mask go through the eight-cell path
+// (padded with masked cells), the softmax sum's lanes are fixed cell offsets
+// within a block and padded cells add exact zeros, block edges are fixed
 // cell offsets, and masked cells contribute exact zeros. So a row's result
 // depends only on its query and its sequence's KV, never on the rows or
 // sequences beside it, the thread count, or the KV view's padded length.
@@ -51,12 +56,16 @@ static inline __m256 llmctl_exp8(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
+// Eight f16 K or V values as f32.
+static inline __m256 llmctl_load8(const ggml_fp16_t * p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) p));
+}
+
 // One cell's score, summed in the same order as the eight-cell path below.
 static inline float llmctl_dot_one(const float * q, const ggml_fp16_t * k, int64_t DK) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t d = 0; d < DK; d += 8) {
-        const __m256 kd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (k + d)));
-        acc = _mm256_fmadd_ps(kd, _mm256_loadu_ps(q + d), acc);
+        acc = _mm256_fmadd_ps(llmctl_load8(k + d), _mm256_loadu_ps(q + d), acc);
     }
     float t[8];
     _mm256_storeu_ps(t, acc);
@@ -73,9 +82,7 @@ static inline void llmctl_dot_eight(const float * q, const char * k0, size_t nbk
     for (int64_t d = 0; d < DK; d += 8) {
         const __m256 qd = _mm256_loadu_ps(q + d);
         for (int u = 0; u < 8; ++u) {
-            const ggml_fp16_t * kr = (const ggml_fp16_t *) (k0 + u*nbk1);
-            acc[u] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (kr + d))),
-                                     qd, acc[u]);
+            acc[u] = _mm256_fmadd_ps(llmctl_load8((const ggml_fp16_t *) (k0 + u*nbk1) + d), qd, acc[u]);
         }
     }
     // Lane l of each hadd pair sums (x0+x1), (x2+x3) and so on; the result
@@ -85,6 +92,44 @@ static inline void llmctl_dot_eight(const float * q, const char * k0, size_t nbk
     const __m256 lo = _mm256_permute2f128_ps(s0123, s4567, 0x20);
     const __m256 hi = _mm256_permute2f128_ps(s0123, s4567, 0x31);
     _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
+}
+
+// scores[j] = scores[j]*scale + slope*m[j] for the cells [0, n) of a block,
+// -inf where the mask is (whatever the score: even NaN), eight cells per
+// step; scores past n, to the next eight, must be -inf already. Returns
+// the largest. m may be null (no mask).
+static inline float llmctl_scale_mask(float * scores, int64_t n, const ggml_fp16_t * m,
+                                      float slope, float scale) {
+    const __m256 vs = _mm256_set1_ps(scale), vsl = _mm256_set1_ps(slope);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 vmax = ninf;
+    for (int64_t j = 0; j < n; j += 8) {
+        __m256 s = _mm256_mul_ps(_mm256_loadu_ps(scores + j), vs);
+        if (m) {
+            __m128i mh;
+            if (j + 8 <= n) {
+                mh = _mm_loadu_si128((const __m128i *) (m + j));
+            } else {
+                ggml_fp16_t pad[8];
+                for (int64_t u = 0; u < 8; ++u) {
+                    pad[u] = j + u < n ? m[j + u] : (ggml_fp16_t) 0xFC00;   // -inf
+                }
+                mh = _mm_loadu_si128((const __m128i *) pad);
+            }
+            const __m256 mv = _mm256_mul_ps(vsl, _mm256_cvtph_ps(mh));
+            const __m256 masked = _mm256_cmp_ps(mv, ninf, _CMP_EQ_OQ);
+            s = _mm256_blendv_ps(_mm256_add_ps(s, mv), ninf, masked);
+        }
+        _mm256_storeu_ps(scores + j, s);
+        vmax = _mm256_max_ps(vmax, s);
+    }
+    float t[8];
+    _mm256_storeu_ps(t, vmax);
+    float best = t[0];
+    for (int u = 1; u < 8; ++u) {
+        best = std::max(best, t[u]);
+    }
+    return best;
 }
 
 static inline bool llmctl_fa_rows_ok(const ggml_tensor * q, const ggml_tensor * k,
@@ -97,38 +142,41 @@ static inline bool llmctl_fa_rows_ok(const ggml_tensor * q, const ggml_tensor * 
 
 // Rows of one head computed together, so that each block of K and V is
 // read from memory once for all of them (a prompt chunk's rows).
-#define LLMCTL_FA_GROUP 8
+#define LLMCTL_FA_GROUP 32
 
-// Cells [c0, c0 + n) of one query row into its state st = [M, S, VKQ[DV]].
+// The n cells of one block (K rows kb, kb + nbk1, ...; V likewise; mask
+// mp, or null) of one query row into its state st = [M, S, VKQ[DV]].
 static void llmctl_fa_block(const float * q, const char * kb, size_t nbk1, const char * vb,
-                            size_t nbv1, int64_t DK, int64_t DV, int64_t c0, int64_t n,
+                            size_t nbv1, int64_t DK, int64_t DV, int64_t n,
                             const ggml_fp16_t * mp, float slope, float scale, float softcap,
                             float * scores, float * st) {
     float * VKQ32 = st + 2;
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
-        llmctl_dot_eight(q, kb + (c0 + j)*nbk1, nbk1, DK, scores + j);
+        llmctl_dot_eight(q, kb + j*nbk1, nbk1, DK, scores + j);
     }
     for (; j < n; ++j) {
-        scores[j] = llmctl_dot_one(q, (const ggml_fp16_t *) (kb + (c0 + j)*nbk1), DK);
+        scores[j] = llmctl_dot_one(q, (const ggml_fp16_t *) (kb + j*nbk1), DK);
+    }
+    // Cells past n (to the next eight) are masked: the passes below run
+    // eight cells at a time over them.
+    for (j = n; j % 8 != 0; ++j) {
+        scores[j] = -INFINITY;
     }
     float bmax = -INFINITY;
-    for (j = 0; j < n; ++j) {
-        const float mv = mp ? slope*GGML_CPU_FP16_TO_FP32(mp[c0 + j]) : 0.0f;
-        float s = scores[j]*scale;
-        if (softcap != 0.0f) {
-            s = softcap*tanhf(s);
+    if (softcap == 0.0f) {
+        bmax = llmctl_scale_mask(scores, n, mp, slope, scale);
+    } else {
+        for (j = 0; j < n; ++j) {
+            const float mv = mp ? slope*GGML_CPU_FP16_TO_FP32(mp[j]) : 0.0f;
+            // A masked cell may hold anything (even NaN): it is -inf, exactly.
+            const float s = softcap*tanhf(scores[j]*scale);
+            scores[j] = mv == -INFINITY ? -INFINITY : s + mv;
+            bmax = std::max(bmax, scores[j]);
         }
-        // A masked cell may hold anything (even NaN): it is -inf, exactly.
-        s = mv == -INFINITY ? -INFINITY : s + mv;
-        scores[j] = s;
-        bmax = std::max(bmax, s);
     }
     if (bmax == -INFINITY) {
         return;
-    }
-    for (j = n; j % 8 != 0; ++j) {
-        scores[j] = -INFINITY;
     }
     if (bmax > st[0]) {
         const float ms = st[0] == -INFINITY ? 0.0f : expf(st[0] - bmax);
@@ -145,11 +193,15 @@ static void llmctl_fa_block(const float * q, const char * kb, size_t nbk1, const
         const __m256 keep = _mm256_cmp_ps(s, ninf, _CMP_NEQ_OQ);
         _mm256_storeu_ps(scores + j, _mm256_and_ps(llmctl_exp8(_mm256_sub_ps(s, vm)), keep));
     }
-    float S = st[1];
-    for (j = 0; j < n; ++j) {
-        S += scores[j];
+    // The block's sum in eight lanes, cell j in lane j % 8, then a fixed
+    // reduction: padded and masked cells add exact zeros.
+    __m256 vsum = _mm256_setzero_ps();
+    for (j = 0; j < n; j += 8) {
+        vsum = _mm256_add_ps(vsum, _mm256_loadu_ps(scores + j));
     }
-    st[1] = S;
+    float t8[8];
+    _mm256_storeu_ps(t8, vsum);
+    st[1] += ((t8[0] + t8[1]) + (t8[2] + t8[3])) + ((t8[4] + t8[5]) + (t8[6] + t8[7]));
     for (int64_t d0 = 0; d0 < DV; d0 += 64) {
         const int64_t w = std::min<int64_t>(64, DV - d0);
         __m256 acc[8];
@@ -161,10 +213,9 @@ static void llmctl_fa_block(const float * q, const char * kb, size_t nbk1, const
                 continue;
             }
             const __m256 p = _mm256_set1_ps(scores[j]);
-            const ggml_fp16_t * vr = (const ggml_fp16_t *) (vb + (c0 + j)*nbv1) + d0;
+            const ggml_fp16_t * vr = (const ggml_fp16_t *) (vb + j*nbv1) + d0;
             for (int64_t u = 0; u < w/8; ++u) {
-                const __m256 vd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (vr + 8*u)));
-                acc[u] = _mm256_fmadd_ps(vd, p, acc[u]);
+                acc[u] = _mm256_fmadd_ps(llmctl_load8(vr + 8*u), p, acc[u]);
             }
         }
         for (int64_t u = 0; u < w/8; ++u) {
@@ -190,9 +241,9 @@ static void llmctl_fa_group(const char * q0, size_t nbq1, int n_rows, const char
     for (int64_t c0 = 0; c0 < n_kv; c0 += LLMCTL_FA_BLOCK) {
         const int64_t n = std::min<int64_t>(LLMCTL_FA_BLOCK, n_kv - c0);
         for (int r = 0; r < n_rows; ++r) {
-            const ggml_fp16_t * mp = m0 ? (const ggml_fp16_t *) (m0 + r*nbm1) : nullptr;
-            llmctl_fa_block((const float *) (q0 + r*nbq1), kb, nbk1, vb, nbv1, DK, DV, c0, n,
-                            mp, slope, scale, softcap, scores, out + r*(DV + 2));
+            const ggml_fp16_t * mp = m0 ? (const ggml_fp16_t *) (m0 + r*nbm1) + c0 : nullptr;
+            llmctl_fa_block((const float *) (q0 + r*nbq1), kb + c0*nbk1, nbk1, vb + c0*nbv1,
+                            nbv1, DK, DV, n, mp, slope, scale, softcap, scores, out + r*(DV + 2));
         }
     }
 }

@@ -81,6 +81,13 @@ if(_llmctl_done EQUAL -1)
   set(_old "                VKQ32[d] = GGML_CPU_FP16_TO_FP32(VKQ16[d]);")
   set(_new "                if (!llmctl_rows) VKQ32[d] = GGML_CPU_FP16_TO_FP32(VKQ16[d]);")
   _llmctl_patch(_old _new "the per-row kernel's f16 accumulator")
+  # ...and every chunk, 64+ rows too, which ggml gives its tiled kernel:
+  # the two round differently, so a prompt's rows would depend on how it
+  # was cut (a prefix-cache hit, a step's token budget).
+  set(_old "                                neq1 >= Q_TILE_SZ);")
+  set(_new "                                neq1 >= Q_TILE_SZ &&
+                                !llmctl_fa_rows_ok(q, k, v, dst->src[4], DK, DV, false));")
+  _llmctl_patch(_old _new "flash attention's tiled-kernel condition")
   file(WRITE "${_llmctl_fa}" "${_llmctl_src}")
 endif()
 

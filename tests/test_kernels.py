@@ -79,9 +79,9 @@ def test_the_few_row_kernel_matches_a_float64_product(name):
 
 
 # Flash attention, F16 KV: llmctl's per-row kernel (scripts/llama_cpp_fa_rows.h)
-# takes chunks of 1-63 query rows and, past 512 cells, a lone row too (the
-# split-KV kernel is off); ggml's tiled kernel takes 64+ rows, and rounds
-# otherwise (the scheduler's tile rule, docs/exactness.md).
+# takes chunks of every size in llmctl's build (ggml's own takes 64+ rows with
+# a tiled kernel that rounds otherwise), and past 512 cells a lone row too
+# (the split-KV kernel is off).
 def _attention_case(rows: int, cells: int = 700):
     rng = np.random.default_rng(4)
     heads, kv_heads, dim = 4, 2, 64        # grouped-query, as Qwen's
@@ -95,16 +95,36 @@ def _attention_case(rows: int, cells: int = 700):
 
 
 def test_attention_rows_are_the_same_bits_at_any_row_and_thread_count():
-    q, k, v, mask = _attention_case(63)
+    q, k, v, mask = _attention_case(130)
     ref = ggml_ops.flash_attn(q, k, v, mask, 0.125, threads=1)
-    for n in (1, 2, 3, 8, 9, 17, 33, 63):
+    for n in (1, 2, 3, 8, 9, 17, 33, 63, 64, 65, 80, 129):
         for threads in (1, 2):
             got = ggml_ops.flash_attn(q[:, :n], k, v, mask[:n], 0.125, threads=threads)
             diff = np.abs(got - ref[:n]).max()
             assert np.array_equal(got, ref[:n]), f"{n} rows, {threads} threads: off by {diff}"
 
 
-@pytest.mark.parametrize("rows", (1, 63, 80))      # per-row kernel, and ggml's tile at 80
+@pytest.mark.parametrize("rows", (1, 9, 80))
+def test_attention_rows_ignore_masked_cells_past_their_own(rows):
+    """A KV view's length depends on the batch (other sequences' cells): the
+    same rows over 700 cells and over 701-1,024, the rest masked, are the
+    same bits (block edges and the eight-cell tail)."""
+    q, k, v, mask = _attention_case(rows)
+    ref = ggml_ops.flash_attn(q, k, v, mask, 0.125, threads=2)
+    rng = np.random.default_rng(5)
+    for cells in (701, 703, 708, 757, 768, 1024):
+        extra = cells - k.shape[1]
+        pad = rng.standard_normal((k.shape[0], extra, k.shape[2])).astype(np.float16)
+        pad[:, ::7] = np.nan                # a cell not yet written holds anything
+        wide = np.full((rows, cells), -np.inf, np.float16)
+        wide[:, :k.shape[1]] = mask
+        got = ggml_ops.flash_attn(q, np.concatenate([k, pad], 1), np.concatenate([v, pad], 1),
+                                  wide, 0.125, threads=2)
+        diff = np.abs(got - ref).max()
+        assert np.array_equal(got, ref), f"{rows} rows over {cells} cells: off by {diff}"
+
+
+@pytest.mark.parametrize("rows", (1, 63, 80, 512))
 def test_attention_matches_a_float64_softmax(rows):
     """softmax(q k^T / 8 + mask) v in float64 from the same float16 K and V:
     float32 sums and the vector exp leave under 1e-5 of max|v|."""
