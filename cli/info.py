@@ -17,14 +17,10 @@ NoExactness = Annotated[bool, typer.Option(
                            "machine (it loads the default model for about a second).")]
 
 # The two settings whose guarantee may differ (JSON key, label, flash
-# attention, repacked weights): serve's default, and --deterministic, whose
-# kernels compute a row alone and in a batch alike (docs/exactness.md).
-_SETTINGS = (("default", "serve's default", True, True),
-             ("deterministic", "--deterministic", True, False))
-# The default reuses a cached prefix at any cut, so a hit may compute its
-# tail with flash attention's per-row kernel where the cold prefill took the
-# tiled one; only --deterministic cuts by the tile (prefix_cache/rule.py).
-_HITS_EXACT = {"default": False, "deterministic": True}
+# attention, repacked weights): serve's default, whose kernels compute a row
+# alone and in a batch alike (docs/exactness.md), and --repack.
+_SETTINGS = (("default", "serve's default", True, False),
+             ("repack", "--repack", True, True))
 
 
 @handle_errors
@@ -70,11 +66,21 @@ def _exactness() -> dict[str, Any]:
     try:
         resolved = resolve_model(None)
         results = {key: {**measure_rows(resolved.path, flash_attn=flash, repack=repack).to_dict(),
-                         "cache_hits_exact": _HITS_EXACT[key]}
+                         "cache_hits_exact": _hits_exact(repack)}
                    for key, _, flash, repack in _SETTINGS}
     except LlmctlError as e:
         return {"measured": False, "reason": str(e)}
     return {"measured": True, "model": resolved.name, **results}
+
+
+def _hits_exact(repack: bool) -> bool:
+    """Whether a prefix-cache hit computes the rows a cold prefill would:
+    where a chunk of any size takes the per-row kernel, or where the tile
+    rule holds prompts apart (prefix_cache/rule.py)."""
+    from llmctl.runtime.llama.library import has_fa_rows_kernel
+    from llmctl.runtime.load_options import LoadOptions
+
+    return has_fa_rows_kernel() or LoadOptions(repack=repack).prompt_tile > 1
 
 
 def _exactness_rows(table: Table, exactness: dict[str, Any]) -> None:
@@ -88,7 +94,8 @@ def _exactness_rows(table: Table, exactness: dict[str, Any]) -> None:
         hits_exact = fields.pop("cache_hits_exact")
         r = RowExactness(**fields)
         caveat = "" if hits_exact or not r.exact else (
-            "; but a prefix-cache hit may round differently (--deterministic holds hits to it)")
+            "; but a prefix-cache hit may round differently (this build lacks llmctl's "
+            "flash-attention kernel)")
         table.add_row(f"[bold]exactness[/], {label}", r.summary() + caveat)
     table.add_row("", f"(measured just now on {exactness['model']}, {r.threads} threads: "
                       "see docs/exactness.md; --no-exactness skips it)")

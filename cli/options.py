@@ -257,10 +257,14 @@ _BACKEND_SAMPLING = {BackendSampling.auto: None, BackendSampling.on: True,
                      BackendSampling.off: False}
 DeterministicOpt = Annotated[bool, typer.Option(
     "--deterministic", envvar="LLMCTL_DETERMINISTIC",
-    help="Byte-identical greedy answers whatever else runs, on every model: "
-         "quantized weights in their file's layout without ggml's tiled matmul, and cache "
-         "hits that recompute a 64-token tile. Slower decoding, prefill and cache hits "
-         "(docs/exactness.md).")]
+    help="Kept for scripts: greedy answers are byte-identical whatever else runs by default; "
+         "this refuses the settings that break it (--repack, --flash-attn off). See "
+         "docs/exactness.md.")]
+RepackOpt = Annotated[bool, typer.Option(
+    "--repack", envvar="LLMCTL_REPACK",
+    help="Let ggml repack quantized weights for its own kernels: faster at 15-16 sequences "
+         "of a K-quant 1.5B on 2 cores, but a row then rounds by its batch, so a greedy answer "
+         "may change with the load (docs/exactness.md).")]
 
 
 class Spec(str, Enum):
@@ -300,7 +304,7 @@ DraftMin = Annotated[int, typer.Option(
 @option_group
 @dataclasses.dataclass(frozen=True)
 class Decoding:
-    """--kv-type, the speculation options, --backend-sampling and
+    """--kv-type, the speculation options, --backend-sampling, --repack and
     --deterministic of `chat`, `run` and `serve`, with the runtime's defaults."""
 
     kv_type: KvTypeOpt = KvType("f16")
@@ -310,6 +314,7 @@ class Decoding:
     draft: DraftOpt = None
     draft_p_min: DraftPMin = P_MIN
     backend_sampling: BackendSamplingOpt = BackendSampling.auto
+    repack: RepackOpt = False
     deterministic: DeterministicOpt = False
 
     def load_fields(self) -> dict[str, Any]:
@@ -319,7 +324,7 @@ class Decoding:
                 "draft_max": self.draft_max, "draft_min": self.draft_min, "draft": self.draft,
                 "draft_p_min": self.draft_p_min,
                 "backend_sampling": _BACKEND_SAMPLING[self.backend_sampling],
-                "deterministic": self.deterministic}
+                "repack": self.repack, "deterministic": self.deterministic}
 
 
 def _spec_mode(spec: Spec, draft: str | None) -> str | None:

@@ -30,9 +30,14 @@ class LoadOptions:
     # None: on with every layer on a GPU (on_device), under deterministic
     # and for a quantized KV; on a CPU, on unless the prefix cache is on.
     flash_attn: bool | None = None
-    # Byte-identical greedy answers whatever the batch, on every model:
-    # flash attention on and quantized weights in their file's layout
-    # (ggml's repacked layouts compute one row and several differently).
+    # ggml's repacked layouts of quantized weights, whose one-row and
+    # many-row kernels round a row differently: off, so that greedy answers
+    # never depend on the batch (docs/exactness.md); on, 1.2x faster at 15-16
+    # sequences of a K-quant 1.5B on 2 cores, and no faster elsewhere.
+    repack: bool = False
+    # The default is exact (flash attention on, weights in their file's
+    # layout); --deterministic is kept for scripts, and refuses the settings
+    # that are not (repacked weights, flash attention off).
     deterministic: bool = False
     # Sampling in llama.cpp's graph, so that only the chosen token leaves the
     # device, for the requests whose chain it supports (sampler.py's
@@ -77,6 +82,9 @@ class LoadOptions:
         if self.deterministic and self.flash_attn is False:
             raise UsageError("--deterministic needs flash attention: leave --flash-attn at auto "
                              "or on")
+        if self.deterministic and self.repack:
+            raise UsageError("--deterministic and --repack: repacked weights round a row by "
+                             "its batch; drop one")
         try:
             _ = self.spec_config
         except ValueError as e:
@@ -126,15 +134,14 @@ class LoadOptions:
         """The one flash-attention decision, read by the engine's context and
         by the disk prefix cache's key alike: on unless turned off.
 
-        On a CPU it is the exact kernel: each query row is computed alone
-        over its KV, in order (64+ rows take a tiled kernel, which the
-        scheduler's tile rule keeps apart under --deterministic,
-        prefix_cache/rule.py; llmctl's build turns off the split-KV kernel a
-        lone decode row took past 512 cells, and replaces the per-row kernel
-        with one as fast as attention without flash attention over a long
-        KV, scripts/llama_cpp_fa_rows.h). Without it, one query row and
-        several are multiplied by different kernels, so logits depend on the
-        batch (docs/exactness.md), and prefills and many short requests are
+        On a CPU it is the exact kernel: llmctl's build computes each query
+        row alone over its KV, in order, in a chunk of any size
+        (scripts/llama_cpp_fa_rows.h: as fast as attention without flash
+        attention over a long KV, and within a few percent of ggml's tiled
+        kernel at a 512-row chunk; the split-KV kernel a lone decode row
+        took past 512 cells is off). Without it, one query row and several
+        are multiplied by different kernels, so logits depend on the batch
+        (docs/exactness.md), and prefills and many short requests are
         slower (docs/measurements.md, "Batch invariance")."""
         return True if self.flash_attn is None else self.flash_attn
 
@@ -142,14 +149,11 @@ class LoadOptions:
     def prompt_tile(self) -> int:
         """The one tile rule (prefix_cache/rule.py), read by the scheduler's
         cuts and the prefix cache's reuse alike, so the two never disagree."""
-        return tile_for(self.use_flash_attn, self.deterministic)
+        from llmctl.runtime.llama.library import has_fa_rows_kernel
 
-    @property
-    def repack(self) -> bool:
-        """Whether ggml may repack quantized weights for its faster kernels
-        (on unless deterministic: the repacked kernels compute one row and
-        several differently, docs/exactness.md)."""
-        return not self.deterministic
+        # A quantized KV takes ggml's own per-row kernel at every chunk size.
+        per_row = self.kv_type != "f16" or has_fa_rows_kernel()
+        return tile_for(self.use_flash_attn, not self.repack, per_row)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ with the backend on one model: the time of one llama_decode of
 that checks 1-8 guesses), and the largest logit difference between rows
 decoded one at a time and the same rows decoded together (and between a
 row alone and beside another sequence's row), with ggml's CPU weight
-repacking on, and off (what --deterministic runs) with ggml's tiled K-quant
+repacking on (--repack), and off (serve's default) with ggml's tiled K-quant
 matmul on and off. Flash attention on by default, as speculation uses
 it; `--flash-attn off` measures what a prefix-cache hit and a batched
 request depend on under the server's default settings (docs/exactness.md).
@@ -78,9 +78,10 @@ def measure(path, repack: bool, threads: int, repeat: int, n: int, flash_attn: b
 
 
 # The arms, each in a process of its own: ggml reads its tiled-matmul switch
-# once per process (runtime/llama/library.py). --deterministic is the file's
-# layout; "one-row kernel" is the file's layout with ggml's tiled matmul off,
-# which --deterministic ran before llmctl's build made the tiled path exact.
+# once per process (runtime/llama/library.py). Serve's default is the file's
+# layout, "repacked" is --repack; "one-row kernel" is the file's layout with
+# ggml's tiled matmul off, which --deterministic ran before llmctl's build
+# made the tiled path exact.
 ARMS = {"repacked": (True, None), "file layout": (False, None),
         "file layout, one-row kernel": (False, "0")}
 

@@ -71,15 +71,17 @@ def exactness():
     exact, else the same up to a near-tie (tests/near_tie.py).
 
     `exactness(serve_default=True)` is for a server at its defaults with
-    prefix-cache hits: flash attention's rows, never held exact, since the
-    default reuses a prefix at any cut (prefix_cache/rule.py)."""
+    prefix-cache hits: flash attention's rows, exact at any cut where
+    llmctl's per-row kernel takes every chunk (prefix_cache/rule.py)."""
     from dataclasses import replace
 
     from llmctl.runtime.llama.exactness import measure_rows
+    from llmctl.runtime.llama.library import has_fa_rows_kernel
 
     def measure(flash_attn: bool = False, serve_default: bool = False):
         if serve_default:
-            return replace(measure_rows(smollm2_file(), flash_attn=True), exact=False)
+            r = measure_rows(smollm2_file(), flash_attn=True)
+            return r if has_fa_rows_kernel() else replace(r, exact=False)
         return measure_rows(smollm2_file(), flash_attn=flash_attn)
 
     return measure

@@ -132,3 +132,17 @@ def test_serve_refuses_a_bad_setting_before_it_listens(monkeypatch, name, value)
         r = invoke("serve", "smollm2", "--port", str(taken.getsockname()[1]))
     assert r.exit_code == 2
     assert f"LLMCTL_{name}" in r.stderr and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("flags,why", [(["--deterministic", "--repack"], "--deterministic and --repack"),
+                                       (["--deterministic", "--flash-attn", "off"],
+                                        "--deterministic needs flash attention")])
+def test_deterministic_refuses_the_settings_that_are_not_exact(flags, why):
+    # The default is exact; --deterministic is kept for scripts and says no
+    # to what would break it, in one line, before any model loads.
+    with socket.socket() as taken:       # should the check be skipped, serve fails fast
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        r = invoke("serve", "smollm2", "--port", str(taken.getsockname()[1]), *flags)
+    assert r.exit_code == 2 and why in r.stderr and "Traceback" not in r.output
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -6,9 +6,9 @@ prefix-cache hits with a neighbour process burning both cores, then one at
 a time to a server that always speculates and to one with neither
 speculation nor a prefix cache. All four must give byte-identical texts.
 
-It runs in the guaranteed mode, --deterministic: the defaults reuse a cached
-prefix at any cut, which a hit may compute with another kernel than its cold
-prefill (docs/exactness.md)."""
+It runs at serve's defaults, which are the guaranteed mode: flash attention
+with llmctl's per-row kernel, weights in their file's layout, prefix hits
+cut anywhere (docs/exactness.md)."""
 
 from __future__ import annotations
 
@@ -89,17 +89,14 @@ def _burning_both_cores():
 
 
 # SmolLM2 (Q4_1) and Qwen2.5-Coder-0.5B (Q4_K_M: K-quant tensors, which
-# ggml's tiled matmul takes in calls of 8+ rows unless --deterministic
-# turns it off, and Q5_0/Q8_0 ones, which its llamafile kernels take).
+# ggml would repack, and which llmctl's build computes with ggml's tiled
+# matmul and its own few-row kernel, and Q5_0/Q8_0 ones, which ggml's
+# llamafile kernels take).
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["smollm2", "qwen2.5-coder-0.5b"])
 def test_greedy_texts_are_byte_identical_in_any_company(tmp_path, model):
-    # The guarantee's mode: the defaults reuse cached prefixes at any cut,
-    # which a hit may round differently (docs/exactness.md).
-    mode = ["--deterministic"]
-
     def serve(name: str, *flags: str) -> Server:
-        return Server.llmctl_serve(model, *BASE, *mode, *flags,
+        return Server.llmctl_serve(model, *BASE, *flags,
                                    env={"LLMCTL_HOME": str(tmp_path / name)})
 
     with serve("defaults") as srv:
@@ -112,8 +109,7 @@ def test_greedy_texts_are_byte_identical_in_any_company(tmp_path, model):
         accepted = _metric(srv.url, "llmctl_spec_accepted_tokens_total")
     with serve("plain", "--spec", "off", "--no-prefix-cache") as srv:
         alone = [_ask(srv.url, p) for p in PROMPTS]
-    # The runs did what they claim: the second one's edits (prompts of a
-    # flash-attention tile or more: prefix_cache/rule.py) hit the cache.
+    # The runs did what they claim: the second one's edits hit the cache.
     assert all(a["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
                for a in busy[:len(EDITS)])
     assert accepted > 0                 # guesses were checked and kept

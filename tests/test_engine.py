@@ -154,23 +154,34 @@ def test_flash_attention_choice(setting, cache, expected):
 
 
 def test_the_tile_rule_is_one_decision_and_keys_the_disk_cache(tmp_path):
-    """Cuts by the tile only under --deterministic; a state computed under
-    any cut never serves a setting held to the tile's cuts."""
+    """Cuts by the tile only where exactness is asked of a build whose 64+
+    row chunks take ggml's tiled kernel; a state computed under any cut
+    never serves a setting held to the tile's cuts."""
+    from llmctl.runtime.llama.library import has_fa_rows_kernel
     from llmctl.runtime.load_options import LoadOptions
     from llmctl.runtime.prefix_cache.cache import KvLayout, Weights, disk_identity
+    from llmctl.runtime.prefix_cache.rule import tile_for
 
-    assert LoadOptions(deterministic=True).prompt_tile == 64
-    assert LoadOptions().prompt_tile == 1 and LoadOptions(flash_attn=False).prompt_tile == 1
+    assert tile_for(True, True, False) == 64
+    assert tile_for(True, True, True) == tile_for(True, False, False) == tile_for(False, True, False) == 1
+    assert has_fa_rows_kernel()             # the suite's CPUs all have AVX2, F16C and FMA
+    assert LoadOptions().prompt_tile == LoadOptions(deterministic=True).prompt_tile == 1
+    assert LoadOptions(kv_type="q8_0").prompt_tile == 1     # ggml's per-row kernel, any chunk
+    assert LoadOptions(repack=True).prompt_tile == LoadOptions(flash_attn=False).prompt_tile == 1
     weights = Weights("m", tmp_path / "m.gguf", "ab" * 32)
     kv = {"n_ctx_seq": 1024, "n_seq_max": 2, "kv_type": "f16", "flash_attn": True, "repack": False}
     assert disk_identity(weights, KvLayout(**kv, tile=1)) != disk_identity(weights, KvLayout(**kv, tile=64))
 
 
-def test_deterministic_keeps_the_files_layout_and_needs_flash_attention():
+def test_the_default_is_exact_and_deterministic_refuses_what_is_not():
     from llmctl.errors import UsageError
     from llmctl.runtime.load_options import LoadOptions
 
-    assert LoadOptions().repack and not LoadOptions(deterministic=True).repack
-    assert LoadOptions(deterministic=True).use_flash_attn
+    assert not LoadOptions().repack and LoadOptions().use_flash_attn
+    kept, plain = LoadOptions(deterministic=True), LoadOptions()    # a no-op kept for scripts
+    assert (kept.repack, kept.use_flash_attn, kept.prompt_tile) == (
+        plain.repack, plain.use_flash_attn, plain.prompt_tile)
     with pytest.raises(UsageError, match="--deterministic needs flash attention"):
         LoadOptions(deterministic=True, flash_attn=False)
+    with pytest.raises(UsageError, match="--deterministic and --repack"):
+        LoadOptions(deterministic=True, repack=True)

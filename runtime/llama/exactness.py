@@ -134,7 +134,7 @@ def build_key() -> tuple[str, str]:
     return LLAMA_CPP_VERSION, system_info()
 
 
-def measure_rows(path: str | Path, *, flash_attn: bool = False, repack: bool = True,
+def measure_rows(path: str | Path, *, flash_attn: bool = False, repack: bool = False,
                  threads: int | None = None, context: int = CONTEXT) -> RowExactness:
     """Measure (once per process for each model file, build and setting)
     whether `path`'s logits are the same for a row alone and in a batch.

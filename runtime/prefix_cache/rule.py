@@ -6,14 +6,19 @@ the draft model all match prefixes with it.
 ggml's CPU flash attention computes a chunk of at least `TILE` (64) query
 rows with its tiled kernel and a shorter one row by row, and the two round
 differently (a 63-row chunk changes the logits, 64 or more in any split do
-not). So with a tile above 1, a prompt of at least a tile's tokens is only
+not). llmctl's build computes every chunk with its per-row kernel
+(scripts/llama_cpp_fa_rows.h), so there any cut is exact and the tile is
+1; so it is with a quantized KV, which ggml's own per-row kernel takes at
+every size. Elsewhere (a CPU without AVX2) the tile holds prompts apart
+where exactness is asked for: a prompt of at least a tile's tokens is only
 ever computed in chunks of at least a tile's rows: a reused prefix leaves a
 tile to compute, a chunk cut for the budget leaves a tile for later, and
 only prompt tokens are reused (a generated token was computed in a one-row
 chunk). A shorter prompt goes row by row however it is cut, so it is cut
 freely but reuses nothing. With a tile of 1 any cut is taken: exact with
-flash attention off (whose kernels are inexact anyway, docs/exactness.md),
-and the fast choice where the setting is not held to exactness."""
+llmctl's kernel, and the fast choice where the setting is not held to
+exactness (flash attention off, or repacked weights, whose kernels are
+inexact anyway: docs/exactness.md)."""
 
 from __future__ import annotations
 
@@ -21,13 +26,15 @@ from __future__ import annotations
 TILE = 64
 
 
-def tile_for(flash_attn: bool, exact: bool) -> int:
+def tile_for(flash_attn: bool, exact: bool, per_row: bool) -> int:
     """The tile the engine cuts prompts by: `TILE` where flash attention is
-    held to exactness (`exact`, --deterministic), else 1 (any cut). A
-    hit's recomputed tile cost an agent's repeated turn about 0.9 s on a
-    9.5k-token prompt (docs/measurements.md, "Batch invariance"), which a
-    setting that is inexact elsewhere would pay for nothing."""
-    return TILE if flash_attn and exact else 1
+    held to exactness (`exact`) where a chunk of 64+ rows takes the tiled
+    kernel (not `per_row`: llmctl's kernel, or ggml's for a quantized KV),
+    else 1 (any cut). A hit's recomputed tile cost an agent's repeated turn
+    about 0.9 s on a 9.5k-token prompt (docs/measurements.md, "Batch
+    invariance"), which a setting that is inexact elsewhere would pay for
+    nothing."""
+    return TILE if flash_attn and exact and not per_row else 1
 
 
 def exact_reuse(n: int, n_prompt: int, tile: int) -> int:
