@@ -10,8 +10,10 @@
 // attention, so the default could not use flash attention, which is faster
 // at every prefill and at many short requests (docs/measurements.md).
 //
-// How: up to LLMCTL_FA_GROUP query rows of one head at a time, so a block of
-// LLMCTL_FA_BLOCK cells of K and V is read from memory once for all of them;
+// How: up to LLMCTL_FA_GROUP query rows that read one KV head at a time (a
+// prompt chunk's rows of one head, or a decode step's heads that share a KV
+// head under grouped-query attention), so a block of LLMCTL_FA_BLOCK cells
+// of K and V is read from memory once for all of them;
 // per row and block three passes: the scores, eight cells per step with the
 // horizontal sums batched; their scale, mask and exponentials, eight cells
 // per step, the softmax sum in eight lanes; then V accumulated in f32.
@@ -224,14 +226,51 @@ static void llmctl_fa_block(const float * q, const char * kb, size_t nbk1, const
     }
 }
 
-// Rows q0, q0 + nbq1, ... (n_rows of one head, masks m0, m0 + nbm1, ...)
-// over cells [0, n_kv): each row's [M, S, VKQ[DV]] (unnormalised, as
+// Rows ir, ir + 1, ... of a flash-attention op (up to LLMCTL_FA_GROUP, and
+// ir1) that read the same K and V as row ir: the rest of its head's rows,
+// and the next heads' where they share its KV head (grouped-query
+// attention: a decode step's heads then read their KV once, not once
+// each). Their queries, masks and ALiBi slopes into qs, ms and slopes;
+// returns how many.
+static int llmctl_fa_gather(const ggml_tensor * q, const ggml_tensor * k, const ggml_tensor * v,
+                            const ggml_tensor * mask, int ir, int ir1, float max_bias, float m0,
+                            float m1, uint32_t n_head_log2, const float ** qs,
+                            const ggml_fp16_t ** ms, float * slopes) {
+    const int64_t neq1 = q->ne[1], neq2 = q->ne[2];
+    const int64_t rk2 = neq2/k->ne[2], rk3 = q->ne[3]/k->ne[3];
+    const int64_t rv2 = neq2/v->ne[2], rv3 = q->ne[3]/v->ne[3];
+    int n = 0;
+    int64_t kv[4] = {-1, -1, -1, -1};
+    for (int r = ir; r < ir1 && n < LLMCTL_FA_GROUP; ++r) {
+        const int64_t iq3 = r/(neq2*neq1);
+        const int64_t iq2 = (r - iq3*neq2*neq1)/neq1;
+        const int64_t iq1 = r - iq3*neq2*neq1 - iq2*neq1;
+        const int64_t here[4] = {iq2/rk2, iq3/rk3, iq2/rv2, iq3/rv3};
+        if (n > 0 && memcmp(here, kv, sizeof(kv)) != 0) {
+            break;
+        }
+        memcpy(kv, here, sizeof(kv));
+        qs[n] = (const float *) ((const char *) q->data + iq1*q->nb[1] + iq2*q->nb[2] + iq3*q->nb[3]);
+        ms[n] = mask ? (const ggml_fp16_t *) ((const char *) mask->data + iq1*mask->nb[1] +
+                                              (iq2 % mask->ne[2])*mask->nb[2] +
+                                              (iq3 % mask->ne[3])*mask->nb[3]) : nullptr;
+        const uint32_t h = (uint32_t) iq2;
+        slopes[n] = max_bias > 0.0f ? h < n_head_log2 ? powf(m0, h + 1)
+                                                      : powf(m1, 2*(h - n_head_log2) + 1)
+                                    : 1.0f;
+        ++n;
+    }
+    return n;
+}
+
+// n_rows rows (queries qs, masks ms or null, slopes) over the cells
+// [0, n_kv) of one KV head: each row's [M, S, VKQ[DV]] (unnormalised, as
 // ggml's per-cell loop leaves them) at out + r*(DV + 2). A row's result is
 // the same in any group: its own state, updated block by block in order.
-static void llmctl_fa_group(const char * q0, size_t nbq1, int n_rows, const char * kb,
-                            size_t nbk1, const char * vb, size_t nbv1, int64_t DK, int64_t DV,
-                            int64_t n_kv, const char * m0, size_t nbm1, float slope, float scale,
-                            float softcap, float * scores, float * out) {
+static void llmctl_fa_group(const float * const * qs, const ggml_fp16_t * const * ms,
+                            const float * slopes, int n_rows, const char * kb, size_t nbk1,
+                            const char * vb, size_t nbv1, int64_t DK, int64_t DV, int64_t n_kv,
+                            float scale, float softcap, float * scores, float * out) {
     for (int r = 0; r < n_rows; ++r) {
         float * st = out + r*(DV + 2);
         st[0] = -INFINITY;
@@ -241,9 +280,9 @@ static void llmctl_fa_group(const char * q0, size_t nbq1, int n_rows, const char
     for (int64_t c0 = 0; c0 < n_kv; c0 += LLMCTL_FA_BLOCK) {
         const int64_t n = std::min<int64_t>(LLMCTL_FA_BLOCK, n_kv - c0);
         for (int r = 0; r < n_rows; ++r) {
-            const ggml_fp16_t * mp = m0 ? (const ggml_fp16_t *) (m0 + r*nbm1) + c0 : nullptr;
-            llmctl_fa_block((const float *) (q0 + r*nbq1), kb + c0*nbk1, nbk1, vb + c0*nbv1,
-                            nbv1, DK, DV, n, mp, slope, scale, softcap, scores, out + r*(DV + 2));
+            llmctl_fa_block(qs[r], kb + c0*nbk1, nbk1, vb + c0*nbv1, nbv1, DK, DV, n,
+                            ms[r] ? ms[r] + c0 : nullptr, slopes[r], scale, softcap, scores,
+                            out + r*(DV + 2));
         }
     }
 }
@@ -255,7 +294,12 @@ static inline bool llmctl_fa_rows_ok(const ggml_tensor *, const ggml_tensor *,
 }
 #define LLMCTL_FA_BLOCK 0
 #define LLMCTL_FA_GROUP 1
-static void llmctl_fa_group(const char *, size_t, int, const char *, size_t, const char *, size_t,
-                            int64_t, int64_t, int64_t, const char *, size_t, float, float, float,
-                            float *, float *) {}
+static int llmctl_fa_gather(const ggml_tensor *, const ggml_tensor *, const ggml_tensor *,
+                            const ggml_tensor *, int, int, float, float, float, uint32_t,
+                            const float **, const ggml_fp16_t **, float *) {
+    return 0;
+}
+static void llmctl_fa_group(const float * const *, const ggml_fp16_t * const *, const float *,
+                            int, const char *, size_t, const char *, size_t, int64_t, int64_t,
+                            int64_t, float, float, float *, float *) {}
 #endif

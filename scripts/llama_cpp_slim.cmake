@@ -62,14 +62,16 @@ if(_llmctl_done EQUAL -1)
   set(_old "        for (int64_t ic = ic_start; ic < ic_end; ++ic) {")
   set(_new "        if (llmctl_rows) {
             if (ir >= llmctl_hi) {
+                const float * qs[LLMCTL_FA_GROUP];
+                const ggml_fp16_t * ms[LLMCTL_FA_GROUP];
+                float slopes[LLMCTL_FA_GROUP];
+                const int n = llmctl_fa_gather(q, k, v, mask, ir, ir1, max_bias, m0, m1,
+                                               n_head_log2, qs, ms, slopes);
                 llmctl_lo = ir;
-                llmctl_hi = (int) std::min<int64_t>({(int64_t) ir1, ir + (neq1 - iq1),
-                                                     (int64_t) ir + LLMCTL_FA_GROUP});
-                llmctl_fa_group((const char *) pq, nbq1, llmctl_hi - llmctl_lo,
-                                (const char *) k->data + ik2*nbk2 + ik3*nbk3, nbk1,
-                                (const char *) v->data + iv2*nbv2 + iv3*nbv3, nbv1, DK, DV, ic_end,
-                                (const char *) mp, mask ? mask->nb[1] : 0, slope, scale,
-                                logit_softcap, llmctl_scores, llmctl_out);
+                llmctl_hi = ir + n;
+                llmctl_fa_group(qs, ms, slopes, n, (const char *) k->data + ik2*nbk2 + ik3*nbk3,
+                                nbk1, (const char *) v->data + iv2*nbv2 + iv3*nbv3, nbv1, DK, DV,
+                                ic_end, scale, logit_softcap, llmctl_scores, llmctl_out);
             }
             const float * st = llmctl_out + (ir - llmctl_lo)*(DV + 2);
             M = st[0];
@@ -88,6 +90,18 @@ if(_llmctl_done EQUAL -1)
   set(_new "                                neq1 >= Q_TILE_SZ &&
                                 !llmctl_fa_rows_ok(q, k, v, dst->src[4], DK, DV, false));")
   _llmctl_patch(_old _new "flash attention's tiled-kernel condition")
+  # ...and a chunk of the threads' work holds all the rows that read one KV
+  # head where they are few (a decode step's heads under grouped-query
+  # attention), so that the per-row kernel reads that KV once for them.
+  set(_old "        const int64_t dr = (nr + nchunk - 1) / nchunk;")
+  set(_new "        int64_t dr = (nr + nchunk - 1) / nchunk;
+        const int64_t llmctl_per_kv = neq1*(neq2/nek2);
+        if (llmctl_fa_rows_ok(q, k, v, dst->src[4], DK, DV, false) &&
+                llmctl_per_kv <= LLMCTL_FA_GROUP && nr/llmctl_per_kv >= nth) {
+            dr = llmctl_per_kv;
+            nchunk = (nr + dr - 1)/dr;
+        }")
+  _llmctl_patch(_old _new "flash attention's rows per chunk")
   file(WRITE "${_llmctl_fa}" "${_llmctl_src}")
 endif()
 
