@@ -9,11 +9,13 @@ cached) with max_tokens 1, and reports the server's prompt tokens over its
 time to first token: prefill tok/s. With --beside K it first starts K
 long-running generations on short prompts and waits for their first tokens,
 so the prefill shares the machine's steps with K decoding streams; their
-tokens during the prefill are counted too.
+tokens during the prefill are counted too. With --decode K a prompt alone
+goes on for K tokens (ignore_eos), and their rate is decode tok/s after it.
 
     .venv/bin/python scripts/bench_long_prefill.py [--model qwen2.5-coder-0.5b]
         [--sizes 2048,8192,16384] [--beside 0,2] [--rounds 1] [--threads 2]
-        [--variant NAME='SERVE FLAGS'] [--json]
+        [--variant NAME='SERVE FLAGS'] [--peer NAME='LLAMA-SERVER FLAGS']
+        [--decode K] [--json]
 
 llama-server runs with its defaults (flash attention auto) and the same
 slots and per-slot context as llmctl; it is looked for at $LLAMA_SERVER or
@@ -77,27 +79,36 @@ class Decoder(threading.Thread):
                     return     # leaving closes the stream: the server cancels it
 
 
-def prefill(url: str, model: str, n_tokens: int, seed: int) -> dict:
-    body = {"model": model, "max_tokens": 1, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True},
+def prefill(url: str, model: str, n_tokens: int, seed: int, decode: int = 0) -> dict:
+    """One prompt's prefill tok/s (prompt tokens over TTFT); with `decode`,
+    that many more tokens (ignore_eos) and their decode tok/s after it."""
+    body = {"model": model, "max_tokens": 1 + decode, "temperature": 0, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": prompt(n_tokens, seed)}]}
     t0 = time.perf_counter()
-    ttft, usage = None, {}
+    ttft, usage, last = None, {}, 0.0
     with httpx.Client(timeout=7200) as client, \
             client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         for chunk in sse_chunks(r.iter_lines()):
             usage = chunk.get("usage") or usage
             # The first token, not a first chunk that only names the role.
-            if ttft is None and any(c.get("delta", {}).get("content") or c.get("finish_reason")
-                                    for c in chunk.get("choices", [])):
-                ttft = time.perf_counter() - t0
+            if any(c.get("delta", {}).get("content") or c.get("finish_reason")
+                   for c in chunk.get("choices", [])):
+                last = time.perf_counter() - t0
+                ttft = last if ttft is None else ttft
     ttft = ttft or time.perf_counter() - t0
     n = usage.get("prompt_tokens") or n_tokens
-    return {"prompt_tokens": n, "ttft_s": round(ttft, 3), "tok_s": round(n / ttft, 2)}
+    got = {"prompt_tokens": n, "ttft_s": round(ttft, 3), "tok_s": round(n / ttft, 2)}
+    if decode:
+        # The server's count: a streamed chunk may carry more than one token.
+        made = (usage.get("completion_tokens") or 1 + decode) - 1
+        got["decode_tok_s"] = round(made / max(last - ttft, 1e-9), 2)
+    return got
 
 
-def measure(url: str, model: str, n_tokens: int, beside: int, seed: int, ctx: int) -> dict:
+def measure(url: str, model: str, n_tokens: int, beside: int, seed: int, ctx: int,
+            decode: int = 0) -> dict:
     decoders = [Decoder(url, model, seed * 100 + i, ctx - 200) for i in range(beside)]
     for d in decoders:
         d.start()
@@ -105,7 +116,7 @@ def measure(url: str, model: str, n_tokens: int, beside: int, seed: int, ctx: in
         if not d.started.wait(600) or d.error:
             raise RuntimeError(f"a decoding stream gave no token: {d.error or 'in 600 s'}")
     before = [d.tokens for d in decoders]
-    got = prefill(url, model, n_tokens, seed)
+    got = prefill(url, model, n_tokens, seed, decode if not decoders else 0)
     if decoders:
         got["beside_tok_s"] = round(sum(d.tokens - b for d, b in zip(decoders, before, strict=True))
                                     / got["ttft_s"], 2)
@@ -124,6 +135,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--variant", action="append", default=[], help="NAME='SERVE FLAGS'")
+    ap.add_argument("--peer", action="append", default=[],
+                    help="NAME='LLAMA-SERVER FLAGS': another llama-server arm, e.g. fa-off='-fa off'")
+    ap.add_argument("--decode", type=int, default=0,
+                    help="also generate this many tokens after a prompt alone: decode tok/s")
     ap.add_argument("--skip-peers", action="store_true", help="no llama-server arm")
     ap.add_argument("--llama-server", type=Path, default=Path(os.environ.get(
         "LLAMA_SERVER", "/tmp/llama-server-build/bin/llama-server")))
@@ -144,10 +159,11 @@ def main() -> None:
         arms[f"llmctl {label}"] = Server.llmctl_serve(args.model, *common, *flags,
                                                       startup_timeout=900)
     if args.llama_server.exists() and not args.skip_peers:
-        arms["llama-server"] = Server([str(args.llama_server), "-m", path, "--jinja",
-                                       "-np", str(slots), "-c", str(ctx * slots),
-                                       "--threads", str(args.threads), "--no-webui"],
-                                      startup_timeout=900)
+        peer = [str(args.llama_server), "-m", path, "--jinja", "-np", str(slots),
+                "-c", str(ctx * slots), "--threads", str(args.threads), "--no-webui"]
+        arms["llama-server"] = Server(peer, startup_timeout=900)
+        for label, flags in map(variant, args.peer):
+            arms[f"llama-server {label}"] = Server(peer + flags, startup_timeout=900)
     rows: list[dict] = []
     try:
         for srv in arms.values():
@@ -160,7 +176,7 @@ def main() -> None:
                 for k in besides:
                     for name, srv in arms.items():
                         seed += 1
-                        got = measure(srv.url, args.model, n, k, seed, ctx)
+                        got = measure(srv.url, args.model, n, k, seed, ctx, args.decode)
                         rows.append({"round": rnd, "size": n, "beside": k, "arm": name, **got})
                         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     finally:
@@ -170,8 +186,9 @@ def main() -> None:
 
 
 def summary(rows: list[dict], arms: list[str]) -> dict:
-    """Median prefill tok/s per size, beside count and arm, and each llmctl
-    arm's ratio to llama-server (medians of per-round ratios)."""
+    """Median prefill (and decode) tok/s per size, beside count and arm, and
+    each llmctl arm's ratio to each llama-server arm: [median, min, max] of
+    the per-round ratios."""
     out: dict = {"rows": rows, "cells": []}
     keys = sorted({(r["size"], r["beside"]) for r in rows})
     for size, beside in keys:
@@ -182,11 +199,18 @@ def summary(rows: list[dict], arms: list[str]) -> dict:
             cell[arm] = statistics.median(r["tok_s"] for r in got)
             if beside:
                 cell[f"{arm} beside tok/s"] = statistics.median(r["beside_tok_s"] for r in got)
-        if "llama-server" in by_arm:
-            for arm in (a for a in arms if a != "llama-server"):
-                ratios = [a["tok_s"] / b["tok_s"]
-                          for a, b in zip(by_arm[arm], by_arm["llama-server"], strict=True)]
-                cell[f"{arm} / llama-server"] = round(statistics.median(ratios), 3)
+            if got and "decode_tok_s" in got[0]:
+                cell[f"{arm} decode tok/s"] = statistics.median(r["decode_tok_s"] for r in got)
+        peers = [a for a in arms if a.startswith("llama-server")]
+        for arm in (a for a in arms if a not in peers):
+            for peer in peers:
+                for key, what in (("tok_s", ""), ("decode_tok_s", " decode")):
+                    if key not in (by_arm[arm] or [{}])[0]:
+                        continue
+                    ratios = [a[key] / b[key]
+                              for a, b in zip(by_arm[arm], by_arm[peer], strict=True)]
+                    cell[f"{arm} / {peer}{what}"] = [round(statistics.median(ratios), 3),
+                                                     round(min(ratios), 3), round(max(ratios), 3)]
         out["cells"].append(cell)
     return out
 
