@@ -65,18 +65,19 @@ def _exactness() -> dict[str, Any]:
 
     try:
         resolved = resolve_model(None)
-        results = {key: {**measure_rows(resolved.path, flash_attn=flash, repack=repack).to_dict(),
-                         "cache_hits_exact": _hits_exact(repack)}
-                   for key, _, flash, repack in _SETTINGS}
+        results = {}
+        for key, _, flash, repack in _SETTINGS:
+            r = measure_rows(resolved.path, flash_attn=flash, repack=repack)
+            results[key] = {**r.to_dict(), "cache_hits_exact": r.exact and _hits_exact(repack)}
     except LlmctlError as e:
         return {"measured": False, "reason": str(e)}
     return {"measured": True, "model": resolved.name, **results}
 
 
 def _hits_exact(repack: bool) -> bool:
-    """Whether a prefix-cache hit computes the rows a cold prefill would:
-    where a chunk of any size takes the per-row kernel, or where the tile
-    rule holds prompts apart (prefix_cache/rule.py)."""
+    """Whether a prefix-cache hit computes the rows a cold prefill would,
+    given rows that are exact: where a chunk of any size takes the per-row
+    kernel, or where the tile rule holds prompts apart (prefix_cache/rule.py)."""
     from llmctl.runtime.llama.library import has_fa_rows_kernel
     from llmctl.runtime.load_options import LoadOptions
 
