@@ -142,8 +142,8 @@ static inline bool llmctl_fa_rows_ok(const ggml_tensor * q, const ggml_tensor * 
            DV % 8 == 0 && DK <= 1024 && DV <= 1024;
 }
 
-// Rows of one head computed together, so that each block of K and V is
-// read from memory once for all of them (a prompt chunk's rows).
+// Rows that read one KV head computed together, so that each block of K
+// and V is read from memory once for all of them (llmctl_fa_gather).
 #define LLMCTL_FA_GROUP 32
 
 // The n cells of one block (K rows kb, kb + nbk1, ...; V likewise; mask

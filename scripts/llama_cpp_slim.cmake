@@ -83,25 +83,25 @@ if(_llmctl_done EQUAL -1)
   set(_old "                VKQ32[d] = GGML_CPU_FP16_TO_FP32(VKQ16[d]);")
   set(_new "                if (!llmctl_rows) VKQ32[d] = GGML_CPU_FP16_TO_FP32(VKQ16[d]);")
   _llmctl_patch(_old _new "the per-row kernel's f16 accumulator")
-  # ...and every chunk, 64+ rows too, which ggml gives its tiled kernel:
-  # the two round differently, so a prompt's rows would depend on how it
-  # was cut (a prefix-cache hit, a step's token budget).
-  set(_old "                                neq1 >= Q_TILE_SZ);")
-  set(_new "                                neq1 >= Q_TILE_SZ &&
-                                !llmctl_fa_rows_ok(q, k, v, dst->src[4], DK, DV, false));")
-  _llmctl_patch(_old _new "flash attention's tiled-kernel condition")
-  # ...and a chunk of the threads' work holds all the rows that read one KV
-  # head where they are few (a decode step's heads under grouped-query
-  # attention), so that the per-row kernel reads that KV once for them.
+  # In the dispatcher, where the kernel applies: a chunk of the threads'
+  # work holds all the rows that read one KV head where they are few (a
+  # decode step's heads under grouped-query attention), so that the kernel
+  # reads that KV once for them...
   set(_old "        const int64_t dr = (nr + nchunk - 1) / nchunk;")
   set(_new "        int64_t dr = (nr + nchunk - 1) / nchunk;
+        const bool llmctl_rows = llmctl_fa_rows_ok(q, k, v, dst->src[4], DK, DV, false);
         const int64_t llmctl_per_kv = neq1*(neq2/nek2);
-        if (llmctl_fa_rows_ok(q, k, v, dst->src[4], DK, DV, false) &&
-                llmctl_per_kv <= LLMCTL_FA_GROUP && nr/llmctl_per_kv >= nth) {
+        if (llmctl_rows && llmctl_per_kv <= LLMCTL_FA_GROUP && nr/llmctl_per_kv >= nth) {
             dr = llmctl_per_kv;
             nchunk = (nr + dr - 1)/dr;
         }")
   _llmctl_patch(_old _new "flash attention's rows per chunk")
+  # ...and it takes every chunk, 64+ rows too, which ggml gives its tiled
+  # kernel: the two round differently, so a prompt's rows would depend on
+  # how it was cut (a prefix-cache hit, a step's token budget).
+  set(_old "                                neq1 >= Q_TILE_SZ);")
+  set(_new "                                neq1 >= Q_TILE_SZ && !llmctl_rows);")
+  _llmctl_patch(_old _new "flash attention's tiled-kernel condition")
   file(WRITE "${_llmctl_fa}" "${_llmctl_src}")
 endif()
 
