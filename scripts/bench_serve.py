@@ -18,11 +18,12 @@ fa='--flash-attn on'), and `--peer-variant NAME='FLAGS'` a llama-server arm
 `--tree NAME=DIR` adds an arm that runs the llmctl of another source tree
 (DIR holds its `llmctl/`, e.g. `git worktree add DIR COMMIT`), to measure a
 change against its parent side by side; `--serve-flags` go to every llmctl
-arm.
+arm. `--against NAME` reports each llmctl arm against the variant NAME too
+(`default` for the plain arm), and `--levels c16` runs that level only.
 
     .venv/bin/python scripts/bench_serve.py [--llama-server PATH] [--skip-peers]
         [--model smollm2] [--output-tokens 128] [--variant NAME='FLAGS' ...]
-        [--peer-variant NAME='FLAGS' ...]
+        [--peer-variant NAME='FLAGS' ...] [--against NAME ...] [--levels c1,c16]
 
 llama-server is looked for at $LLAMA_SERVER or /tmp/llama-server-build/bin/
 (build it from llama-cpp-python's vendored llama.cpp with the same CPU flags).
@@ -122,10 +123,11 @@ def measure(url: str, lvl: str, output_tokens: int = 128) -> dict:
 def median_run(runs: list[dict]) -> dict:
     """Per metric, the median over rounds (each round ran every server)."""
     return {lvl: {k: statistics.median(r[lvl][k] for r in runs) for k in runs[0][lvl]}
-            for lvl in LEVELS}
+            for lvl in runs[0]}
 
 
-def run_rounds(started: dict[str, Server], rounds: int, output_tokens: int) -> dict[str, list[dict]]:
+def run_rounds(started: dict[str, Server], rounds: int, output_tokens: int,
+               levels: tuple[str, ...] = tuple(LEVELS)) -> dict[str, list[dict]]:
     """Every level of every round on each server in turn: forward in even
     rounds, reversed in odd ones. Each server first answers a short warm-up
     (its weights paged in, its threads started)."""
@@ -136,7 +138,7 @@ def run_rounds(started: dict[str, Server], rounds: int, output_tokens: int) -> d
         order = list(started) if i % 2 == 0 else list(reversed(started))
         for name in order:
             runs[name].append({})
-        for lvl in LEVELS:
+        for lvl in levels:
             for name in order:
                 print(f"== round {i + 1}, {lvl}: {name}", flush=True)
                 runs[name][-1][lvl] = measure(started[name].url, lvl, output_tokens)
@@ -164,7 +166,15 @@ def main() -> None:
                     help="NAME=DIR: one more llmctl arm, run from the source tree DIR.")
     ap.add_argument("--serve-flags", default="",
                     help="Flags for every llmctl arm, e.g. '--flash-attn on'.")
+    ap.add_argument("--levels", default="c1,c16",
+                    help="Which levels to run: c1 (8 requests, one at a time), c16 (32 at 16).")
+    ap.add_argument("--against", action="append", default=[], metavar="NAME",
+                    help="Also report every llmctl arm against the variant NAME "
+                         "(e.g. nospec, for --variant nospec='--spec off').")
     args = ap.parse_args()
+    levels = tuple(x for x in args.levels.split(",") if x)
+    if not levels or any(x not in LEVELS for x in levels):
+        ap.error(f"--levels: pick from {', '.join(LEVELS)}")
     try:
         factories = servers(args.threads, args.llama_server, not args.skip_peers, args.model,
                             tuple(args.variant), tuple(args.peer_variant), tuple(args.tree),
@@ -173,30 +183,38 @@ def main() -> None:
         ap.error(str(e))
     with ExitStack() as stack:
         started = {name: stack.enter_context(make()) for name, make in factories.items()}
-        runs = run_rounds(started, args.rounds, args.output_tokens)
+        runs = run_rounds(started, args.rounds, args.output_tokens, levels)
     results = {name: median_run(r) for name, r in runs.items()}
     print(f"\nmedians over {args.rounds} rounds")
     print(f"{'server':28} {'c=1 tok/s':>10} {'c=16 tok/s':>11} {'c=16 TTFT p50':>14} "
           f"{'p95':>8} {'errors':>7}")
+    nan = {"tok_s": float("nan"), "ttft_p50": float("nan"), "ttft_p95": float("nan"), "errors": 0}
     for name, r in results.items():
-        print(f"{name:28} {r['c1']['tok_s']:10.1f} {r['c16']['tok_s']:11.1f} "
-              f"{r['c16']['ttft_p50']:13.2f}s {r['c16']['ttft_p95']:7.2f}s "
-              f"{r['c1']['errors'] + r['c16']['errors']:7.0f}")
-    ratios = {label: _ratios(label, runs) for label in runs if label.startswith("llmctl serve")}
+        c1, c16 = r.get("c1", nan), r.get("c16", nan)
+        print(f"{name:28} {c1['tok_s']:10.1f} {c16['tok_s']:11.1f} "
+              f"{c16['ttft_p50']:13.2f}s {c16['ttft_p95']:7.2f}s "
+              f"{c1['errors'] + c16['errors']:7.0f}")
+    against = tuple(f"llmctl serve {a}".strip() if a != "default" else "llmctl serve"
+                    for a in args.against)
+    ratios = {label: _ratios(label, runs, against) for label in runs
+              if label.startswith("llmctl serve")}
     if args.json:
         args.json.write_text(json.dumps({"medians": results, "ratios": ratios, "runs": runs},
                                         indent=2))
 
 
-def _ratios(label: str, runs: dict[str, list[dict]]) -> dict:
-    """Per peer and metric, each round's ratio of `label` to the peer (the
-    two measured side by side) and their median; printed as it goes."""
+def _ratios(label: str, runs: dict[str, list[dict]], against: tuple[str, ...] = ()) -> dict:
+    """Per peer (and llmctl arm named in `against`) and metric, each
+    round's ratio of `label` to it (the two measured side by side) and
+    their median; printed as it goes."""
     out: dict = {}
     for name, theirs in runs.items():
-        if name.startswith("llmctl serve"):
+        if name == label or (name.startswith("llmctl serve") and name not in against):
             continue
         line = []
         for lvl, key, shown in RATIOS:
+            if lvl not in theirs[0]:
+                continue
             each = [o[lvl][key] / t[lvl][key] for o, t in zip(runs[label], theirs, strict=True)]
             out.setdefault(name, {})[f"{lvl} {key}"] = {"rounds": each,
                                                         "median": statistics.median(each)}

@@ -95,3 +95,19 @@ def test_a_tree_arm_runs_that_trees_llmctl(tmp_path):
 def test_a_tree_without_llmctl_is_refused(tmp_path):
     with pytest.raises(UsageError, match="no llmctl package"):
         _bench_serve().servers(2, None, False, trees=(f"old={tmp_path}",))
+
+
+def test_ratios_against_an_llmctl_arm_pair_each_round(capsys):
+    """bench_serve's --against: each llmctl arm is also reported against
+    the named llmctl arm, round by round, on the levels that ran."""
+    def rnd(tok_s, ttft):
+        return {"c16": {"tok_s": tok_s, "ttft_p50": ttft}}
+    runs = {"llmctl serve": [rnd(90.0, 2.0), rnd(120.0, 1.0)],
+            "llmctl serve nospec": [rnd(100.0, 1.0), rnd(100.0, 1.0)],
+            "llmctl serve fa-off": [rnd(50.0, 4.0), rnd(50.0, 4.0)]}
+    out = _bench_serve()._ratios("llmctl serve", runs, ("llmctl serve nospec",))
+    assert set(out) == {"llmctl serve nospec"}
+    assert out["llmctl serve nospec"]["c16 tok_s"]["rounds"] == [0.9, 1.2]
+    assert out["llmctl serve nospec"]["c16 tok_s"]["median"] == pytest.approx(1.05)
+    assert "c1 tok_s" not in out["llmctl serve nospec"]
+    assert "llmctl serve/llmctl serve nospec: c=16 tok/s x1.05" in capsys.readouterr().out
