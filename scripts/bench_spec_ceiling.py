@@ -159,10 +159,11 @@ def _auto_step(controller: Controller, record: SeqSpec, history: list[int], answ
                at: int, room: int, cost: list[float]) -> tuple[int, int]:
     """One step of a lone sequence under the auto controller: (guesses
     checked, guesses kept), the controller taught as the engine teaches it."""
+    record.sync(history, [])
     g = ngram_guess(history, room) if room > 0 else None
     checked = kept = 0
     if g and g.tokens:
-        c = Candidate(record, g.tokens, bucket(g.match))
+        c = Candidate(record, g.tokens, bucket(g.match), g.match)
         checked = controller.trim(1, [c])[0]
         if checked:
             kept = held(c.guesses[:checked], answer, at)

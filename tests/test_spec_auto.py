@@ -19,17 +19,17 @@ from llmctl.runtime.speculation.adaptive import (
     PROBE_BUDGET,
     PROBE_GUESSES,
     PROBE_MIN,
-    TRUSTED,
+    VERBATIM_SLACK,
     Candidate,
     Check,
     Controller,
     SeqSpec,
-    StepCosts,
     bucket,
     expected_kept,
     verbatim_cap,
 )
 from llmctl.runtime.speculation.spec_config import SpecConfig
+from llmctl.runtime.speculation.step_costs import TRUSTED, StepCosts
 from llmctl.store.resolve import ResolvedModel
 from tests.conftest import smollm2_file
 
@@ -288,6 +288,56 @@ def test_a_sequence_whose_own_checks_lose_stops_guessing():
     assert not ctl.band(1).short(MIN_RETURN)
     assert ctl.trim(1, [Candidate(fresh, [1, 2, 3, 4], 3)])[0] > 0
     assert ctl.trim(1, [Candidate(loser, [1, 2, 3, 4], 3)])[0] == 0
+
+
+def _stopped(ctl: Controller) -> SeqSpec:
+    """A sequence (and its band) stopped by checks that lost: each kept a
+    guess in four (worth a 12 s step) and added 16 s."""
+    rec = evidence(3, kept=40, failed=5)
+    for _ in range(4):
+        ctl.settle(1, 12.0 + 16.0, [Check(rec, 4, 1)])
+    assert ctl.stopped(rec, 1)
+    return rec
+
+
+@pytest.mark.parametrize("copying", [True, False])
+def test_a_stopped_sequence_resumes_once_its_declined_guesses_would_have_held(copying):
+    # Declined guesses are checked for free against the tokens that came
+    # next: a sequence that starts copying (an edit's code after a new
+    # docstring) guesses again within a few tokens, not at its next paid
+    # probe; one whose guesses would have failed stays stopped.
+    ctl = controller(base=10.0, per_row=2.0)
+    rec = _stopped(ctl)
+    source = list(range(100, 200))
+    rec.history.extend([1, 2, 3])
+    got = []
+    for j in range(8):
+        guesses = source[j + 1:j + 17]
+        got.append(ctl.trim(1, [Candidate(rec, guesses, 3, 12)])[0])
+        rec.history.append(source[j + 1] if copying else -j)     # one plain step's token
+    assert ctl.probe_interval(1, 1) > 8     # no paid probe in this window
+    if copying:
+        assert got[:2] == [0, 0] and max(got[2:5]) > 0, got
+        assert not ctl.stopped(rec, 1)
+    else:
+        assert got == [0] * 8 and ctl.stopped(rec, 1)
+
+
+def test_a_long_verbatim_match_is_trusted_by_its_length():
+    # A copy rarely breaks once it has held for dozens of tokens: behind a
+    # match of 16+ tokens each guess holds at least with the match's
+    # length over that length and VERBATIM_SLACK, whatever short matches
+    # taught the sequence.
+    ctl = controller(base=10.0, per_row=1.0)
+    rec = evidence(4, kept=5, failed=5)
+    weak = ctl.alpha(rec, 4)
+    assert weak < 0.7
+    assert ctl.candidate_alpha(Candidate(rec, [1] * 16, 4, 60)) == pytest.approx(
+        60 / (60 + VERBATIM_SLACK))
+    assert ctl.candidate_alpha(Candidate(rec, [1] * 16, 3, 12)) == pytest.approx(ctl.alpha(rec, 3))
+    long_k = ctl.trim(1, [Candidate(evidence(4, 5, 5), list(range(16)), 4, 60)])[0]
+    short_k = ctl.trim(1, [Candidate(evidence(4, 5, 5), list(range(16)), 4, 16)])[0]
+    assert long_k > short_k
 
 
 # ---- the scheduler under auto ---------------------------------------------------------

@@ -64,7 +64,7 @@ class Speculation:
         guessed = [(i, g) for i, g in enumerate(guesses) if g is not None]
         if self.controller is None or not guessed:
             return plan.with_work(work)
-        candidates = [Candidate(self.records.of(work[i]), work[i].draft, bucket(g.match))
+        candidates = [Candidate(self.records.of(work[i]), work[i].draft, bucket(g.match), g.match)
                       for i, g in guessed]
         rows = sum(len(w.tokens) - len(w.draft) for w in work)
         keep = self.controller.trim(rows, candidates)

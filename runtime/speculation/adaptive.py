@@ -39,13 +39,8 @@ from array import array
 from dataclasses import dataclass, field
 
 from llmctl.runtime.speculation.spec_config import next_cap
+from llmctl.runtime.speculation.step_costs import MAX_ROWS, StepCosts
 
-# Rows per step whose cost is tracked: guesses beyond it are not checked.
-MAX_ROWS = 128
-# Weight of a new step time in its row count's moving average, and how
-# many steps make a row count's average trusted over the fitted line.
-EWMA = 0.2
-TRUSTED = 8
 # How many checks the engine's counts weigh in a sequence's estimate.
 PRIOR_WEIGHT = 8.0
 # Declined proposals are checked anyway (PROBE_GUESSES guesses) once their
@@ -67,6 +62,7 @@ RETURN_STEPS = 3.0
 BUCKETS = 9          # match lengths 1, 2-3, 4-7, ... 128-255, 256 (ngram.MATCH_MAX)
 # The kind from which a match's length alone earns a longer check (16+ tokens).
 VERBATIM_KIND = 4
+VERBATIM_SLACK = 2.0
 # The engine's counts of a kind are halved past this many checks, so that
 # its prior follows the server's recent work rather than all of it.
 ENGINE_HORIZON = 2000.0
@@ -91,76 +87,6 @@ def expected_kept(alpha: float, k: int) -> float:
     if alpha >= 1.0:
         return float(k)
     return alpha * (1.0 - alpha ** k) / (1.0 - alpha)
-
-
-class StepCosts:
-    """Measured seconds of decode-only steps by their number of rows.
-
-    Each row count keeps a moving average of its steps. A count measured
-    often enough (TRUSTED steps) is taken as measured; any other is read
-    off a line fitted through all the measured counts, weighted by how
-    often each was measured, so one slow step (this machine is shared)
-    cannot make a count look dear for good. With a single count measured
-    there is no line: more rows than it are unknown (None), and the
-    controller's first check is a short probe that measures them, rather
-    than a full draft taken on an optimistic guess of its cost. Raises
-    nothing."""
-
-    def __init__(self, max_rows: int = MAX_ROWS):
-        self._t = [0.0] * (max_rows + 1)
-        self._n = [0] * (max_rows + 1)
-        # Fitted lazily, by the fewest rows a fit may use (see cost).
-        self._lines: dict[int, tuple[float, float, float, int] | None] = {}
-
-    def record(self, rows: int, seconds: float) -> None:
-        if not 0 < rows < len(self._t) or seconds <= 0:
-            return
-        n = self._n[rows]
-        self._t[rows] = seconds if n == 0 else self._t[rows] + EWMA * (seconds - self._t[rows])
-        self._n[rows] = n + 1
-        self._lines.clear()
-
-    def cost(self, rows: int, base: int = 1) -> float | None:
-        """Estimated seconds of a step of `rows` rows, for a step that has
-        `base` rows without guesses; None before any step, and past the
-        one count measured while there is only one. The line is fitted
-        through the counts from `base` up where two or more are measured:
-        a row costs more in a full batch, where the CPU is already busy,
-        than beside a lone sequence."""
-        rows = max(1, min(rows, len(self._t) - 1))
-        if self._n[rows] >= TRUSTED:
-            return self._t[rows]
-        line = self._fit(base)
-        if line is None:
-            line = self._fit(1)
-        if line is None:
-            return None
-        a, b, floor, reach = line
-        if rows > reach:
-            return None                 # one count measured: no slope to go by yet
-        return max(a + b * rows, floor)
-
-    def _fit(self, lo: int) -> tuple[float, float, float, int] | None:
-        """(intercept, slope, the cheapest step, the most rows the line
-        speaks for: all of them, or through a single count only that
-        count) through the counts from `lo` rows up, fitted once per new
-        measurement; None with fewer than two counts there (with `lo` 1:
-        none at all)."""
-        if lo not in self._lines:
-            pts = [(r, t, min(n, TRUSTED * 4))
-                   for r, (t, n) in enumerate(zip(self._t, self._n, strict=True)) if n and r >= lo]
-            if not pts or (lo > 1 and len(pts) < 2):
-                self._lines[lo] = None
-                return None
-            w = sum(p[2] for p in pts)
-            mr = sum(r * n for r, _, n in pts) / w
-            mt = sum(t * n for _, t, n in pts) / w
-            var = sum(n * (r - mr) ** 2 for r, _, n in pts)
-            slope = sum(n * (r - mr) * (t - mt) for r, t, n in pts) / var if var else 0.0
-            slope = max(0.0, slope)     # more rows never cost less
-            reach = pts[0][0] if len(pts) == 1 else len(self._t)
-            self._lines[lo] = (mt - slope * mr, slope, min(t for _, t, _ in pts), reach)
-        return self._lines[lo]
 
 
 @dataclass
@@ -223,6 +149,31 @@ class Check:
 
 
 @dataclass
+class Shadow:
+    """A declined proposal kept to be checked for free against the tokens
+    the sequence goes on to generate: its guesses, their evidence kind,
+    where in the history they would have gone, and the step's unguessed
+    rows."""
+
+    guesses: list[int]
+    kind: int
+    at: int
+    base_rows: int
+
+    def held(self, history: array) -> int | None:
+        """How many of the guesses the history confirms, once it tells
+        (a mismatch, or all of them there); None while it cannot yet."""
+        n = 0
+        for g in self.guesses:
+            if self.at + n >= len(history):
+                return None
+            if history[self.at + n] != g:
+                return n
+            n += 1
+        return n
+
+
+@dataclass
 class SeqSpec:
     """One sequence's speculation record, and its tokens as a growing
     array for the proposer to search."""
@@ -236,6 +187,7 @@ class SeqSpec:
     # a full draft, before its own evidence weighs in.
     cap: int = PROBE_GUESSES
     history: array = field(default_factory=lambda: array("i"))
+    shadow: Shadow | None = None    # a declined proposal, checked against what came
 
     def sync(self, prompt: list[int], output: list[int]) -> array:
         """The history, extended by the tokens it lacks (prompt and output
@@ -256,6 +208,7 @@ class Candidate:
     record: SeqSpec
     guesses: list[int]
     kind: int
+    match: int = 0          # the n-gram match's length behind the guesses
 
 
 class Controller:
@@ -293,28 +246,67 @@ class Controller:
         kept, failed = ev.kept[kind], ev.failed[kind]
         return (kept + PRIOR_WEIGHT * prior) / (kept + failed + PRIOR_WEIGHT)
 
+    def candidate_alpha(self, c: Candidate) -> float:
+        """How likely each of the candidate's guesses holds once the ones
+        before it held: its sequence's measured rate for its kind, or for a
+        verbatim match, at least what the match's own length says."""
+        alpha = self.alpha(c.record, c.kind)
+        if c.kind >= VERBATIM_KIND:
+            alpha = max(alpha, c.match / (c.match + VERBATIM_SLACK))
+        return alpha
+
     def trim(self, n_rows: int, candidates: list[Candidate]) -> list[int]:
         """How many guesses to check for each candidate, in a step that has
         `n_rows` rows (one expected token each) without guesses."""
         out = [0] * len(candidates)
         order = sorted(range(len(candidates)),
-                       key=lambda i: -self.alpha(candidates[i].record, candidates[i].kind))
+                       key=lambda i: -self.candidate_alpha(candidates[i]))
         rows, tokens = n_rows, float(n_rows)
         for i in order:
             c = candidates[i]
+            self._resolve_shadow(c.record)
             c.guesses = c.guesses[:max(c.record.cap, verbatim_cap(c.kind))]
             k, gain = self._best(rows, tokens, c, n_rows)
             if k == 0:
                 c.record.declined += 1
                 if c.record.declined < self.probe_interval(rows, n_rows):
+                    if c.record.shadow is None and len(c.guesses) >= PROBE_GUESSES:
+                        c.record.shadow = Shadow(c.guesses[:PROBE_GUESSES], c.kind,
+                                                 len(c.record.history), n_rows)
                     continue
                 k = min(PROBE_GUESSES, len(c.guesses))
-                gain = expected_kept(self.alpha(c.record, c.kind), k)
+                gain = expected_kept(self.candidate_alpha(c), k)
             c.record.declined = 0
             out[i] = k
             rows += k
             tokens += gain
         return out
+
+    def _resolve_shadow(self, record: SeqSpec) -> None:
+        """Learn from the sequence's shadow once its tokens tell how much of
+        it held: as a probe's check would have taught (its evidence and next
+        cap), and what the check would have saved, at the measured cost of
+        its rows, for its band and for it. So a sequence whose guesses had
+        stopped paying resumes as soon as it starts copying again, without
+        paying for probes to find out."""
+        sh = record.shadow
+        if sh is None:
+            return
+        kept = sh.held(record.history)
+        if kept is None:
+            return
+        record.shadow = None
+        k = len(sh.guesses)
+        plain = self.costs.cost(sh.base_rows)
+        checked = self.costs.cost(sh.base_rows + k, sh.base_rows)
+        self.record(record, sh.kind, k, kept)
+        if plain is None or checked is None:
+            return
+        band = self.band(sh.base_rows)
+        extra = max(checked - plain, k * (band.extra_per_guess() or 0.0))
+        saved = kept * plain / sh.base_rows - extra
+        record.returns.add(saved, plain + extra, extra, k)
+        band.add(saved, plain + extra, extra, k)
 
     def probe_interval(self, rows: int, base_rows: int) -> float:
         """Declined proposals a sequence lets pass before it probes, in a
@@ -342,7 +334,7 @@ class Controller:
         base = self.costs.cost(rows, base_rows)
         if base is None or self.stopped(c.record, base_rows):
             return 0, 0.0
-        alpha = self.alpha(c.record, c.kind)
+        alpha = self.candidate_alpha(c)
         best_k, best_gain, best_rate = 0, 0.0, tokens / base * (1.0 + MIN_GAIN)
         for k in range(1, min(len(c.guesses), MAX_ROWS - rows) + 1):
             cost = self.costs.cost(rows + k, base_rows)
