@@ -323,6 +323,25 @@ def test_a_stopped_sequence_resumes_once_its_declined_guesses_would_have_held(co
         assert got == [0] * 8 and ctl.stopped(rec, 1)
 
 
+def test_a_shadow_beside_other_sequences_leaves_the_band_to_real_checks():
+    # Beside other sequences a check costs another graph run, which the row
+    # curve does not show: a batch band that stopped stays stopped until
+    # its real probes pay, whatever the shadows say; the sequence itself
+    # learns from its shadow.
+    ctl = controller(base=10.0, per_row=2.0)
+    rec = evidence(3, kept=40, failed=5)
+    for _ in range(4):
+        ctl.settle(4, 18.0 + 16.0, [Check(rec, 4, 0)])
+    assert ctl.band(4).short(MIN_RETURN)
+    before = (ctl.band(4).saved, ctl.band(4).steps)
+    rec.history.extend([1, 2, 3])
+    for j in range(6):
+        assert ctl.trim(4, [Candidate(rec, list(range(100 + j, 116 + j)), 3, 12)])[0] == 0
+        rec.history.append(100 + j)
+    assert (ctl.band(4).saved, ctl.band(4).steps) == before
+    assert rec.evidence.kept[3] > 40 and rec.cap > PROBE_GUESSES
+
+
 def test_a_long_verbatim_match_is_trusted_by_its_length():
     # A copy rarely breaks once it has held for dozens of tokens: behind a
     # match of 16+ tokens each guess holds at least with the match's

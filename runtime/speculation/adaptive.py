@@ -285,10 +285,12 @@ class Controller:
     def _resolve_shadow(self, record: SeqSpec) -> None:
         """Learn from the sequence's shadow once its tokens tell how much of
         it held: as a probe's check would have taught (its evidence and next
-        cap), and what the check would have saved, at the measured cost of
-        its rows, for its band and for it. So a sequence whose guesses had
-        stopped paying resumes as soon as it starts copying again, without
-        paying for probes to find out."""
+        cap), and what the check would have saved at the measured cost of
+        its rows. So a sequence whose guesses had stopped paying resumes as
+        soon as it starts copying again, without paying for probes to find
+        out. Only a lone sequence's band learns from it: beside other
+        sequences a check costs more than its rows (another graph run), which
+        only a real check's settled time shows."""
         sh = record.shadow
         if sh is None:
             return
@@ -306,7 +308,8 @@ class Controller:
         extra = max(checked - plain, k * (band.extra_per_guess() or 0.0))
         saved = kept * plain / sh.base_rows - extra
         record.returns.add(saved, plain + extra, extra, k)
-        band.add(saved, plain + extra, extra, k)
+        if sh.base_rows == 1:
+            band.add(saved, plain + extra, extra, k)
 
     def probe_interval(self, rows: int, base_rows: int) -> float:
         """Declined proposals a sequence lets pass before it probes, in a
