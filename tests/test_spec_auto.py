@@ -148,8 +148,8 @@ def test_a_verbatim_match_earns_its_draft_by_its_length():
 def test_a_declining_sequence_probes_now_and_then():
     ctl = controller(base=10.0, per_row=10.0)
     rec = evidence(1, kept=0, failed=50)
-    # A probe's 2 rows cost 20, a lone sequence's step 20: at 3% of the
-    # steps' time that is one probe per 33 declines.
+    # A probe's 2 rows cost 20, a lone sequence's step 20: at 1% of the
+    # steps' time that is one probe per 100 declines.
     every = ctl.probe_interval(1, 1)
     assert every == pytest.approx(20.0 / (PROBE_BUDGET * 20.0))
     assert every > PROBE_MIN

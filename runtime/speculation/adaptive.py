@@ -45,8 +45,10 @@ from llmctl.runtime.speculation.step_costs import MAX_ROWS, StepCosts
 PRIOR_WEIGHT = 8.0
 # Declined proposals are checked anyway (PROBE_GUESSES guesses) once their
 # probes would spend at most this share of the steps' time, and never more
-# often than every PROBE_MIN declines.
-PROBE_BUDGET = 0.03
+# often than every PROBE_MIN declines. A sequence learns from its declined
+# guesses for free (Shadow), so paid probes are there to settle a batch
+# band's returns: 1% is what they may cost a full batch.
+PROBE_BUDGET = 0.01
 PROBE_MIN = 16
 PROBE_GUESSES = 2
 # A gain under this share of the step's rate is noise, not a reason to guess.
