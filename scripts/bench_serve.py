@@ -19,11 +19,12 @@ fa='--flash-attn on'), and `--peer-variant NAME='FLAGS'` a llama-server arm
 (DIR holds its `llmctl/`, e.g. `git worktree add DIR COMMIT`), to measure a
 change against its parent side by side; `--serve-flags` go to every llmctl
 arm. `--against NAME` reports each llmctl arm against the variant NAME too
-(`default` for the plain arm), and `--levels c16` runs that level only.
+(`default` for the plain arm); `--levels` picks the levels (c4, 16 requests
+at 4, runs only when named).
 
     .venv/bin/python scripts/bench_serve.py [--llama-server PATH] [--skip-peers]
         [--model smollm2] [--output-tokens 128] [--variant NAME='FLAGS' ...]
-        [--peer-variant NAME='FLAGS' ...] [--against NAME ...] [--levels c1,c16]
+        [--peer-variant NAME='FLAGS' ...] [--against NAME ...] [--levels c1,c4,c16]
 
 llama-server is looked for at $LLAMA_SERVER or /tmp/llama-server-build/bin/
 (build it from llama-cpp-python's vendored llama.cpp with the same CPU flags).
@@ -103,10 +104,10 @@ def level(run: dict) -> dict:
             "out_tokens_mean": lv["mean_output_tokens"]}
 
 
-LEVELS = {"c1": (8, "1"), "c16": (32, "16")}     # level: (requests, concurrency)
+LEVELS = {"c1": (8, "1"), "c4": (16, "4"), "c16": (32, "16")}   # level: (requests, concurrency)
 # The ratios reported: (level, metric, label).
 RATIOS = (("c16", "tok_s", "c=16 tok/s"), ("c16", "ttft_p50", "c=16 TTFT p50"),
-          ("c1", "tok_s", "c=1 tok/s"))
+          ("c4", "tok_s", "c=4 tok/s"), ("c1", "tok_s", "c=1 tok/s"))
 
 
 def _load(url: str, requests: int, concurrency: str, output_tokens: int) -> dict:
@@ -167,7 +168,8 @@ def main() -> None:
     ap.add_argument("--serve-flags", default="",
                     help="Flags for every llmctl arm, e.g. '--flash-attn on'.")
     ap.add_argument("--levels", default="c1,c16",
-                    help="Which levels to run: c1 (8 requests, one at a time), c16 (32 at 16).")
+                    help="Which levels to run: c1 (8 requests, one at a time), c4 (16 at "
+                         "4), c16 (32 at 16); c4 only when named.")
     ap.add_argument("--against", action="append", default=[], metavar="NAME",
                     help="Also report every llmctl arm against the variant NAME "
                          "(e.g. nospec, for --variant nospec='--spec off').")
@@ -186,14 +188,14 @@ def main() -> None:
         runs = run_rounds(started, args.rounds, args.output_tokens, levels)
     results = {name: median_run(r) for name, r in runs.items()}
     print(f"\nmedians over {args.rounds} rounds")
-    print(f"{'server':28} {'c=1 tok/s':>10} {'c=16 tok/s':>11} {'c=16 TTFT p50':>14} "
-          f"{'p95':>8} {'errors':>7}")
+    print(f"{'server':28} {'c=1 tok/s':>10} {'c=4 tok/s':>10} {'c=16 tok/s':>11} "
+          f"{'c=16 TTFT p50':>14} {'p95':>8} {'errors':>7}")
     nan = {"tok_s": float("nan"), "ttft_p50": float("nan"), "ttft_p95": float("nan"), "errors": 0}
     for name, r in results.items():
-        c1, c16 = r.get("c1", nan), r.get("c16", nan)
-        print(f"{name:28} {c1['tok_s']:10.1f} {c16['tok_s']:11.1f} "
+        c1, c4, c16 = r.get("c1", nan), r.get("c4", nan), r.get("c16", nan)
+        print(f"{name:28} {c1['tok_s']:10.1f} {c4['tok_s']:10.1f} {c16['tok_s']:11.1f} "
               f"{c16['ttft_p50']:13.2f}s {c16['ttft_p95']:7.2f}s "
-              f"{c1['errors'] + c16['errors']:7.0f}")
+              f"{c1['errors'] + c4['errors'] + c16['errors']:7.0f}")
     against = tuple(f"llmctl serve {a}".strip() if a != "default" else "llmctl serve"
                     for a in args.against)
     ratios = {label: _ratios(label, runs, against) for label in runs

@@ -64,6 +64,8 @@ RETURN_STEPS = 3.0
 BUCKETS = 9          # match lengths 1, 2-3, 4-7, ... 128-255, 256 (ngram.MATCH_MAX)
 # The kind from which a match's length alone earns a longer check (16+ tokens).
 VERBATIM_KIND = 4
+# Behind a verbatim match of L tokens a guess holds at least with L/(L + this):
+# a copy that held that long rarely breaks at the next token.
 VERBATIM_SLACK = 2.0
 # The engine's counts of a kind are halved past this many checks, so that
 # its prior follows the server's recent work rather than all of it.
