@@ -54,7 +54,7 @@ from llmctl.runtime.llama import ContextConfig, LlamaContext, LlamaModel
 from llmctl.runtime.llama.exactness import TEXT
 from llmctl.runtime.llm import LLM, LoadOptions
 from llmctl.runtime.sampling import SamplingParams
-from llmctl.runtime.speculation.adaptive import Candidate, Check, Controller, SeqSpec, bucket
+from llmctl.runtime.speculation.adaptive import Candidate, Check, Controller, SeqSpec
 from llmctl.runtime.speculation.ngram import ngram_guess
 from llmctl.runtime.system import default_threads
 from llmctl.store.resolve import resolve_model
@@ -163,7 +163,7 @@ def _auto_step(controller: Controller, record: SeqSpec, history: list[int], answ
     g = ngram_guess(history, room) if room > 0 else None
     checked = kept = 0
     if g and g.tokens:
-        c = Candidate(record, g.tokens, bucket(g.match), g.match)
+        c = Candidate(record, g.tokens, g.match)
         checked = controller.trim(1, [c])[0]
         if checked:
             kept = held(c.guesses[:checked], answer, at)

@@ -107,7 +107,7 @@ def test_a_sequence_history_grows_with_its_tokens():
 def test_guesses_that_hold_are_checked_and_guesses_that_fail_are_not():
     ctl = controller(base=10.0, per_row=2.0)        # a row costs a fifth of a step
     sure, unsure = evidence(4, kept=90, failed=2), evidence(1, kept=1, failed=30)
-    keep = ctl.trim(1, [Candidate(sure, list(range(8)), 4), Candidate(unsure, [1, 2, 3], 1)])
+    keep = ctl.trim(1, [Candidate(sure, list(range(8)), 16), Candidate(unsure, [1, 2, 3], 2)])
     assert keep[0] >= 6 and keep[1] == 0
     assert unsure.declined == 1 and sure.declined == 0
 
@@ -120,11 +120,11 @@ def test_a_sequence_earns_long_drafts_with_its_own_kept_guesses():
     for _ in range(50):
         ctl.record(SeqSpec(), 3, 8, 8)
     rec = SeqSpec()
-    assert ctl.trim(1, [Candidate(rec, list(range(8)), 3)]) == [PROBE_GUESSES]
+    assert ctl.trim(1, [Candidate(rec, list(range(8)), 8)]) == [PROBE_GUESSES]
     ctl.record(rec, 3, PROBE_GUESSES, PROBE_GUESSES)
-    assert ctl.trim(1, [Candidate(rec, list(range(8)), 3)]) == [2 * PROBE_GUESSES + PROBE_GUESSES]
+    assert ctl.trim(1, [Candidate(rec, list(range(8)), 8)]) == [2 * PROBE_GUESSES + PROBE_GUESSES]
     ctl.record(rec, 3, 6, 0)
-    assert ctl.trim(1, [Candidate(rec, list(range(8)), 3)])[0] <= PROBE_GUESSES
+    assert ctl.trim(1, [Candidate(rec, list(range(8)), 8)])[0] <= PROBE_GUESSES
 
 
 def test_a_verbatim_match_earns_its_draft_by_its_length():
@@ -136,13 +136,13 @@ def test_a_verbatim_match_earns_its_draft_by_its_length():
             ctl.record(SeqSpec(), kind, 16, 16)
     assert [verbatim_cap(k) for k in (3, 4, 5)] == [0, 8, 16]
     for kind, first in ((3, PROBE_GUESSES), (4, 8), (5, 16)):
-        assert ctl.trim(1, [Candidate(SeqSpec(), list(range(16)), kind)]) == [first], kind
+        assert ctl.trim(1, [Candidate(SeqSpec(), list(range(16)), 2 ** kind)]) == [first], kind
     # Still cut by the expected rate: a sequence whose copies fail is not
     # handed the long check.
     failing = SeqSpec()
     for _ in range(20):
         ctl.record(failing, 5, 16, 0)
-    assert ctl.trim(1, [Candidate(failing, list(range(16)), 5)])[0] < 16
+    assert ctl.trim(1, [Candidate(failing, list(range(16)), 32)])[0] < 16
 
 
 def test_a_declining_sequence_probes_now_and_then():
@@ -154,7 +154,7 @@ def test_a_declining_sequence_probes_now_and_then():
     assert every == pytest.approx(20.0 / (PROBE_BUDGET * 20.0))
     assert every > PROBE_MIN
     n = math.ceil(every)
-    got = [ctl.trim(1, [Candidate(rec, [1, 2, 3, 4], 1)])[0] for _ in range(2 * n)]
+    got = [ctl.trim(1, [Candidate(rec, [1, 2, 3, 4], 2)])[0] for _ in range(2 * n)]
     assert got.count(PROBE_GUESSES) == 2 and got.count(0) == 2 * n - 2
     assert got[n - 1] == PROBE_GUESSES
 
@@ -178,23 +178,23 @@ def test_a_fresh_engine_measures_a_guess_with_a_probe_first():
     for _ in range(3):
         ctl.costs.record(1, 10.0)
     first, second = SeqSpec(), SeqSpec()
-    keep = ctl.trim(1, [Candidate(first, list(range(8)), 4), Candidate(second, list(range(8)), 4)])
+    keep = ctl.trim(1, [Candidate(first, list(range(8)), 16), Candidate(second, list(range(8)), 16)])
     assert keep == [PROBE_GUESSES, 0]
     # Once that probe's step is measured, the line decides: cheap rows pay.
     ctl.costs.record(1 + PROBE_GUESSES, 10.5)
-    assert ctl.trim(1, [Candidate(evidence(4, kept=30, failed=1), list(range(8)), 4)])[0] > PROBE_GUESSES
+    assert ctl.trim(1, [Candidate(evidence(4, kept=30, failed=1), list(range(8)), 16)])[0] > PROBE_GUESSES
 
 
 def test_speculation_yields_to_a_full_batch_by_measure():
     # Rows that cost little next to a step's fixed part pay even in a batch...
     cheap = controller(base=20.0, per_row=0.25)
     rec = evidence(3, kept=40, failed=5)
-    assert cheap.trim(16, [Candidate(rec, [1, 2, 3, 4], 3)])[0] > 0
+    assert cheap.trim(16, [Candidate(rec, [1, 2, 3, 4], 8)])[0] > 0
     # ...but where each row costs as much as a sequence's share of the step,
     # the same evidence is declined with 16 sequences and taken with one.
     dear = controller(base=2.0, per_row=2.0)
-    assert dear.trim(16, [Candidate(evidence(3, 40, 5), [1, 2, 3, 4], 3)])[0] == 0
-    assert dear.trim(1, [Candidate(evidence(3, 40, 5), [1, 2, 3, 4], 3)])[0] > 0
+    assert dear.trim(16, [Candidate(evidence(3, 40, 5), [1, 2, 3, 4], 8)])[0] == 0
+    assert dear.trim(1, [Candidate(evidence(3, 40, 5), [1, 2, 3, 4], 8)])[0] > 0
 
 
 def test_rows_past_a_full_batch_are_costed_from_full_batches():
@@ -206,8 +206,8 @@ def test_rows_past_a_full_batch_are_costed_from_full_batches():
     for r in (16, 18, 20):
         ctl.costs.record(r, 2.0 * r)
     rec = evidence(3, kept=40, failed=5)
-    assert ctl.trim(1, [Candidate(rec, [1, 2, 3, 4], 3)])[0] > 0
-    assert ctl.trim(16, [Candidate(rec, [1, 2, 3, 4], 3)])[0] == 0
+    assert ctl.trim(1, [Candidate(rec, [1, 2, 3, 4], 8)])[0] > 0
+    assert ctl.trim(16, [Candidate(rec, [1, 2, 3, 4], 8)])[0] == 0
 
 
 def test_a_sequence_learns_from_its_own_checks_and_the_engine_from_all():
@@ -229,7 +229,7 @@ def test_a_copying_sequence_trusts_its_short_matches_too():
         ctl.record(SeqSpec(), 1, drafted=3, kept=0)
     copying = evidence(4, kept=60, failed=2)        # this one's long matches held
     assert ctl.alpha(copying, 1) > 2 * ctl.alpha(SeqSpec(), 1)
-    keep = ctl.trim(1, [Candidate(copying, [1, 2, 3, 4], 1), Candidate(SeqSpec(), [5, 6], 1)])
+    keep = ctl.trim(1, [Candidate(copying, [1, 2, 3, 4], 2), Candidate(SeqSpec(), [5, 6], 2)])
     assert keep[0] > 0 and keep[1] == 0
 
 
@@ -257,7 +257,7 @@ def test_a_batch_band_whose_guesses_save_nothing_stops_guessing():
     # within one graph run)...
     ctl = controller(base=20.0, per_row=0.25)
     sure = evidence(3, kept=40, failed=5)
-    assert ctl.trim(16, [Candidate(sure, [1, 2, 3, 4], 3)])[0] > 0
+    assert ctl.trim(16, [Candidate(sure, [1, 2, 3, 4], 8)])[0] > 0
     # ...but the steps that checked them took a whole extra pass each: 4
     # guesses kept, each worth 1.5 s of a plain step, at a cost of 8 s.
     plain = ctl.costs.cost(16)
@@ -265,9 +265,9 @@ def test_a_batch_band_whose_guesses_save_nothing_stops_guessing():
     for _ in range(4):
         ctl.settle(16, plain + 8.0, [Check(SeqSpec(), 4, 4)])
     assert ctl.band(16).short(MIN_RETURN)
-    assert ctl.trim(16, [Candidate(evidence(3, 40, 5), [1, 2, 3, 4], 3)])[0] == 0
+    assert ctl.trim(16, [Candidate(evidence(3, 40, 5), [1, 2, 3, 4], 8)])[0] == 0
     # A lone sequence's band has its own account.
-    assert ctl.trim(1, [Candidate(evidence(3, 40, 5), [1, 2, 3, 4], 3)])[0] > 0
+    assert ctl.trim(1, [Candidate(evidence(3, 40, 5), [1, 2, 3, 4], 8)])[0] > 0
     # Probes go on, paced by what a guess was settled to cost, not the rows.
     assert ctl.probe_interval(16, 16) == pytest.approx(
         PROBE_GUESSES * 8.0 / 4 / (PROBE_BUDGET * plain / 16))
@@ -280,14 +280,14 @@ def test_a_sequence_whose_own_checks_lose_stops_guessing():
     for _ in range(4):
         ctl.settle(1, 12.0 + 16.0, [Check(loser, 4, 1)])
     assert loser.returns.short(0.0)
-    assert ctl.trim(1, [Candidate(loser, [1, 2, 3, 4], 3)])[0] == 0
+    assert ctl.trim(1, [Candidate(loser, [1, 2, 3, 4], 8)])[0] == 0
     # Its band lost too; once steps that pay are settled there, a sequence
     # with no losses of its own guesses again.
     for _ in range(12):
         ctl.settle(1, 12.0 + 16.0, [Check(SeqSpec(), 4, 4)])
     assert not ctl.band(1).short(MIN_RETURN)
-    assert ctl.trim(1, [Candidate(fresh, [1, 2, 3, 4], 3)])[0] > 0
-    assert ctl.trim(1, [Candidate(loser, [1, 2, 3, 4], 3)])[0] == 0
+    assert ctl.trim(1, [Candidate(fresh, [1, 2, 3, 4], 8)])[0] > 0
+    assert ctl.trim(1, [Candidate(loser, [1, 2, 3, 4], 8)])[0] == 0
 
 
 def _stopped(ctl: Controller) -> SeqSpec:
@@ -313,7 +313,7 @@ def test_a_stopped_sequence_resumes_once_its_declined_guesses_would_have_held(co
     got = []
     for j in range(8):
         guesses = source[j + 1:j + 17]
-        got.append(ctl.trim(1, [Candidate(rec, guesses, 3, 12)])[0])
+        got.append(ctl.trim(1, [Candidate(rec, guesses, 12)])[0])
         rec.history.append(source[j + 1] if copying else -j)     # one plain step's token
     assert ctl.probe_interval(1, 1) > 8     # no paid probe in this window
     if copying:
@@ -336,7 +336,7 @@ def test_a_shadow_beside_other_sequences_leaves_the_band_to_real_checks():
     before = (ctl.band(4).saved, ctl.band(4).steps)
     rec.history.extend([1, 2, 3])
     for j in range(6):
-        assert ctl.trim(4, [Candidate(rec, list(range(100 + j, 116 + j)), 3, 12)])[0] == 0
+        assert ctl.trim(4, [Candidate(rec, list(range(100 + j, 116 + j)), 12)])[0] == 0
         rec.history.append(100 + j)
     assert (ctl.band(4).saved, ctl.band(4).steps) == before
     assert rec.evidence.kept[3] > 40 and rec.cap > PROBE_GUESSES
@@ -351,11 +351,11 @@ def test_a_long_verbatim_match_is_trusted_by_its_length():
     rec = evidence(4, kept=5, failed=5)
     weak = ctl.alpha(rec, 4)
     assert weak < 0.7
-    assert ctl.candidate_alpha(Candidate(rec, [1] * 16, 4, 60)) == pytest.approx(
+    assert ctl.candidate_alpha(Candidate(rec, [1] * 16, 60)) == pytest.approx(
         60 / (60 + VERBATIM_SLACK))
-    assert ctl.candidate_alpha(Candidate(rec, [1] * 16, 3, 12)) == pytest.approx(ctl.alpha(rec, 3))
-    long_k = ctl.trim(1, [Candidate(evidence(4, 5, 5), list(range(16)), 4, 60)])[0]
-    short_k = ctl.trim(1, [Candidate(evidence(4, 5, 5), list(range(16)), 4, 16)])[0]
+    assert ctl.candidate_alpha(Candidate(rec, [1] * 16, 12)) == pytest.approx(ctl.alpha(rec, 3))
+    long_k = ctl.trim(1, [Candidate(evidence(4, 5, 5), list(range(16)), 60)])[0]
+    short_k = ctl.trim(1, [Candidate(evidence(4, 5, 5), list(range(16)), 16)])[0]
     assert long_k > short_k
 
 

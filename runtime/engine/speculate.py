@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from llmctl.runtime.engine.plan import StepPlan, StepResult, Work
 from llmctl.runtime.engine.stats import StatsCollector
-from llmctl.runtime.speculation.adaptive import Candidate, Check, Controller, SeqSpec, bucket
+from llmctl.runtime.speculation.adaptive import Candidate, Check, Controller, SeqSpec
 from llmctl.runtime.speculation.proposer import Guess, Proposer, Want
 
 
@@ -64,7 +64,7 @@ class Speculation:
         guessed = [(i, g) for i, g in enumerate(guesses) if g is not None]
         if self.controller is None or not guessed:
             return plan.with_work(work)
-        candidates = [Candidate(self.records.of(work[i]), work[i].draft, bucket(g.match), g.match)
+        candidates = [Candidate(self.records.of(work[i]), work[i].draft, g.match)
                       for i, g in guessed]
         rows = sum(len(w.tokens) - len(w.draft) for w in work)
         keep = self.controller.trim(rows, candidates)

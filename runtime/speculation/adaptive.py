@@ -207,12 +207,16 @@ class SeqSpec:
 @dataclass
 class Candidate:
     """A sequence's proposal for this step: its record, its guesses and
-    their evidence kind."""
+    the length of the n-gram match behind them (0: a draft model's)."""
 
     record: SeqSpec
     guesses: list[int]
-    kind: int
-    match: int = 0          # the n-gram match's length behind the guesses
+    match: int = 0
+
+    @property
+    def kind(self) -> int:
+        """The guesses' evidence kind: their match length's bucket."""
+        return bucket(self.match)
 
 
 class Controller:
