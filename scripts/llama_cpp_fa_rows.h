@@ -1,137 +1,218 @@
-// llmctl: a faster per-row CPU flash-attention kernel, inserted into
-// ggml-cpu/ops.cpp by scripts/llama_cpp_slim.cmake ahead of
-// ggml_compute_forward_flash_attn_ext_f16_one_chunk, which calls it.
+// llmctl: a CPU flash-attention kernel in which a query row's result does
+// not depend on its batch, inserted into ggml-cpu/ops.cpp by
+// scripts/llama_cpp_slim.cmake ahead of
+// ggml_compute_forward_flash_attn_ext_f16_one_chunk, which calls it for
+// every chunk of query rows: one row, a decode step's heads, a 512-row
+// prompt chunk.
 //
-// Why: ggml's kernel for chunks under 64 query rows (every decode step,
-// every short prompt chunk) visits the KV one cell at a time: a function
-// call for the dot product, a scalar expf, and an f16 accumulator that is
-// converted both ways per cell. Over a coding agent's 9.5k-token prompt it
-// made each decode step about twice as slow as attention without flash
-// attention, so the default could not use flash attention, which is faster
-// at every prefill and at many short requests (docs/measurements.md).
+// Why: ggml has two CPU kernels that round differently (a per-row one that
+// visits the KV a cell at a time, slow over a long KV, and a 64-row tile
+// that converts K and the mask one scalar at a time), so a prompt's rows
+// would depend on how it was cut, and neither is fast at a long prompt
+// (docs/measurements.md, "Exact by default, against llama-server").
 //
-// How: up to LLMCTL_FA_GROUP query rows that read one KV head at a time (a
-// prompt chunk's rows of one head, or a decode step's heads that share a KV
-// head under grouped-query attention), so a block of LLMCTL_FA_BLOCK cells
-// of K and V is read from memory once for all of them;
-// per row and block three passes: the scores, eight cells per step with the
-// horizontal sums batched; their scale, mask and exponentials, eight cells
-// per step, the softmax sum in eight lanes; then V accumulated in f32.
-// Online softmax rescales between blocks, as ggml's does between cells. It
-// takes chunks of every size, a 512-row prompt chunk too, where ggml would
-// take its 64-row tiled kernel (within 3% of it after 2,000 and 6,000
-// tokens, docs/measurements.md), so no cut of a prompt changes its rows.
+// How: up to LLMCTL_FA_GROUP query rows that read one KV head (a prompt
+// chunk's rows of one head and the next heads' under grouped-query
+// attention, or a decode step's heads) walk the KV in blocks of
+// LLMCTL_FA_BLOCK cells at fixed offsets from cell 0. Per block, K is
+// converted to f32 and transposed once for the group, and V converted once;
+// then small register tiles of rows multiply them as a matrix product does
+// (the scores, then the weighted sum of V), and each row's online softmax
+// runs between the two, a vector of cells at a time.
 //
-// Batch invariance (docs/exactness.md) is kept by construction: each cell's
-// score uses one summation order whether it falls in an eight-cell group or
-// in the tail, the tail's scale and mask go through the eight-cell path
-// (padded with masked cells), the softmax sum's lanes are fixed cell offsets
-// within a block and padded cells add exact zeros, block edges are fixed
-// cell offsets, and masked cells contribute exact zeros. So a row's result
-// depends only on its query and its sequence's KV, never on the rows or
-// sequences beside it, the thread count, or the KV view's padded length.
+// Batch invariance (docs/exactness.md) holds by construction, not by
+// testing alone:
+// - a score is one fused multiply-add chain over the head's dimensions in
+//   order, and each output element one chain over the block's cells in
+//   order, whichever tile or row count computes it;
+// - a block's softmax sum adds its cells in fixed vector lanes, then a
+//   fixed tree; masked and padded cells contribute exact zeros (their V is
+//   made finite first, so 0 * V is 0), and an accumulator that starts at
+//   +0 never holds -0, so adding them changes no bit;
+// - blocks a row has no unmasked cell in leave its state untouched, so
+//   skipping them for some rows and not others changes nothing;
+// - cells past the KV view (its padded length depends on the batch) are
+//   masked, never read.
+// So a row's result depends only on its query and its sequence's KV, never
+// on the rows or sequences beside it, the thread count, or the view's
+// length.
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #include <immintrin.h>
 
-#define LLMCTL_FA_BLOCK 256
+#define LLMCTL_FA_BLOCK 64
+// Rows that share one walk over the KV (and one conversion of each block).
+#define LLMCTL_FA_GROUP 128
 
-// exp(x) for eight lanes (the Cephes polynomial); exact zeros are the
-// caller's business (masked cells).
-static inline __m256 llmctl_exp8(__m256 x) {
-    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
-    x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
-    __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
-    fx = _mm256_floor_ps(fx);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    const __m256 z = _mm256_mul_ps(x, x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, z, x);
-    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_cvttps_epi32(fx);
-    e = _mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(0x7f)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
+// The vector operations (llmctl_v, LLMCTL_W lanes, LLMCTL_TILE_R rows per
+// tile): scripts/llama_cpp_slim.cmake puts llama_cpp_fa_simd.h in here.
+#include "llama_cpp_fa_simd.h"
 
-// Eight f16 K or V values as f32.
-static inline __m256 llmctl_load8(const ggml_fp16_t * p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) p));
-}
-
-// One cell's score, summed in the same order as the eight-cell path below.
-static inline float llmctl_dot_one(const float * q, const ggml_fp16_t * k, int64_t DK) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t d = 0; d < DK; d += 8) {
-        acc = _mm256_fmadd_ps(llmctl_load8(k + d), _mm256_loadu_ps(q + d), acc);
-    }
-    float t[8];
-    _mm256_storeu_ps(t, acc);
-    return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
-}
-
-// Eight consecutive cells' scores into out[0..8).
-static inline void llmctl_dot_eight(const float * q, const char * k0, size_t nbk1, int64_t DK,
-                                    float * out) {
-    __m256 acc[8];
-    for (int u = 0; u < 8; ++u) {
-        acc[u] = _mm256_setzero_ps();
-    }
-    for (int64_t d = 0; d < DK; d += 8) {
-        const __m256 qd = _mm256_loadu_ps(q + d);
-        for (int u = 0; u < 8; ++u) {
-            acc[u] = _mm256_fmadd_ps(llmctl_load8((const ggml_fp16_t *) (k0 + u*nbk1) + d), qd, acc[u]);
+// The block's K cells [0, n) as f32, transposed (kt[d*BLOCK + c]), and its V
+// cells as f32 (vf[c*DV + d]) with non-finite values as zero (a cell not
+// yet written may hold anything; its weight is 0). Cells n.. are zeros.
+static void llmctl_fa_convert(const char * kb, size_t nbk1, const char * vb, size_t nbv1,
+                              int64_t DK, int64_t DV, int64_t n, float * kt, float * vf) {
+    // The next block's cells on their way from memory while this one is
+    // converted: a decode step over a long KV is bound by reading it.
+    for (int64_t c = LLMCTL_FA_BLOCK; c < 2*LLMCTL_FA_BLOCK; ++c) {
+        for (int64_t b = 0; b < DK*(int64_t) sizeof(ggml_fp16_t); b += 64) {
+            _mm_prefetch(kb + c*nbk1 + b, _MM_HINT_T0);
+        }
+        for (int64_t b = 0; b < DV*(int64_t) sizeof(ggml_fp16_t); b += 64) {
+            _mm_prefetch(vb + c*nbv1 + b, _MM_HINT_T0);
         }
     }
-    // Lane l of each hadd pair sums (x0+x1), (x2+x3) and so on; the result
-    // for cell u is ((x0+x1)+(x2+x3)) + ((x4+x5)+(x6+x7)), llmctl_dot_one's order.
-    const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-    const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-    const __m256 lo = _mm256_permute2f128_ps(s0123, s4567, 0x20);
-    const __m256 hi = _mm256_permute2f128_ps(s0123, s4567, 0x31);
-    _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
-}
-
-// scores[j] = scores[j]*scale + slope*m[j] for the cells [0, n) of a block,
-// -inf where the mask is (whatever the score: even NaN), eight cells per
-// step; scores past n, to the next eight, must be -inf already. Returns
-// the largest. m may be null (no mask).
-static inline float llmctl_scale_mask(float * scores, int64_t n, const ggml_fp16_t * m,
-                                      float slope, float scale) {
-    const __m256 vs = _mm256_set1_ps(scale), vsl = _mm256_set1_ps(slope);
-    const __m256 ninf = _mm256_set1_ps(-INFINITY);
-    __m256 vmax = ninf;
-    for (int64_t j = 0; j < n; j += 8) {
-        __m256 s = _mm256_mul_ps(_mm256_loadu_ps(scores + j), vs);
-        if (m) {
-            __m128i mh;
-            if (j + 8 <= n) {
-                mh = _mm_loadu_si128((const __m128i *) (m + j));
-            } else {
-                ggml_fp16_t pad[8];
-                for (int64_t u = 0; u < 8; ++u) {
-                    pad[u] = j + u < n ? m[j + u] : (ggml_fp16_t) 0xFC00;   // -inf
-                }
-                mh = _mm_loadu_si128((const __m128i *) pad);
+    for (int64_t c0 = 0; c0 < LLMCTL_FA_BLOCK; c0 += 8) {
+        for (int64_t d0 = 0; d0 < DK; d0 += 8) {
+            __m256 r[8];
+            for (int u = 0; u < 8; ++u) {
+                r[u] = c0 + u < n ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)
+                                        ((const ggml_fp16_t *) (kb + (c0 + u)*nbk1) + d0)))
+                                  : _mm256_setzero_ps();
             }
-            const __m256 mv = _mm256_mul_ps(vsl, _mm256_cvtph_ps(mh));
-            const __m256 masked = _mm256_cmp_ps(mv, ninf, _CMP_EQ_OQ);
-            s = _mm256_blendv_ps(_mm256_add_ps(s, mv), ninf, masked);
+            llmctl_t8(r);
+            for (int u = 0; u < 8; ++u) {
+                _mm256_storeu_ps(kt + (d0 + u)*LLMCTL_FA_BLOCK + c0, r[u]);
+            }
         }
-        _mm256_storeu_ps(scores + j, s);
-        vmax = _mm256_max_ps(vmax, s);
     }
-    float t[8];
-    _mm256_storeu_ps(t, vmax);
-    float best = t[0];
-    for (int u = 1; u < 8; ++u) {
-        best = std::max(best, t[u]);
+    for (int64_t c = 0; c < n; ++c) {
+        const ggml_fp16_t * vr = (const ggml_fp16_t *) (vb + c*nbv1);
+        for (int64_t d = 0; d < DV; d += LLMCTL_W) {
+            llmctl_vstore(vf + c*DV + d, llmctl_vfinite(llmctl_vf16(vr + d)));
+        }
     }
-    return best;
+    if (n < LLMCTL_FA_BLOCK) {
+        memset(vf + n*DV, 0, (LLMCTL_FA_BLOCK - n)*DV*sizeof(float));
+    }
+}
+
+// Scores of R rows (queries q[0..R)) against the block's cells:
+// s[r*BLOCK + c] = sum over d, in order, of q[r][d]*K[c][d], one fused
+// chain per score.
+template <int R>
+static void llmctl_fa_qk(const float * const * q, const float * kt, int64_t DK, float * s) {
+    for (int c0 = 0; c0 < LLMCTL_FA_BLOCK; c0 += LLMCTL_NV*LLMCTL_W) {
+        llmctl_v acc[R][LLMCTL_NV];
+        for (int r = 0; r < R; ++r) {
+            for (int j = 0; j < LLMCTL_NV; ++j) {
+                acc[r][j] = llmctl_vzero();
+            }
+        }
+        for (int64_t d = 0; d < DK; ++d) {
+            const float * kd = kt + d*LLMCTL_FA_BLOCK + c0;
+            llmctl_v kv[LLMCTL_NV];
+            for (int j = 0; j < LLMCTL_NV; ++j) {
+                kv[j] = llmctl_vload(kd + j*LLMCTL_W);
+            }
+            for (int r = 0; r < R; ++r) {
+                const llmctl_v qb = llmctl_vset(q[r][d]);
+                for (int j = 0; j < LLMCTL_NV; ++j) {
+                    acc[r][j] = llmctl_vfma(qb, kv[j], acc[r][j]);
+                }
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            for (int j = 0; j < LLMCTL_NV; ++j) {
+                llmctl_vstore(s + r*LLMCTL_FA_BLOCK + c0 + j*LLMCTL_W, acc[r][j]);
+            }
+        }
+    }
+}
+
+// R rows' outputs o[r][0..DV) += sum over the cells [0, n), in order, of
+// p[r*BLOCK + c]*V[c]: one fused chain per output element.
+template <int R, int NV>
+static void llmctl_fa_pv_part(float * const * o, const float * p, const float * vf, int64_t DV,
+                              int64_t d0, int64_t n) {
+    llmctl_v acc[R][NV];
+    for (int r = 0; r < R; ++r) {
+        for (int j = 0; j < NV; ++j) {
+            acc[r][j] = llmctl_vload(o[r] + d0 + j*LLMCTL_W);
+        }
+    }
+    for (int64_t c = 0; c < n; ++c) {
+        llmctl_v vv[NV];
+        for (int j = 0; j < NV; ++j) {
+            vv[j] = llmctl_vload(vf + c*DV + d0 + j*LLMCTL_W);
+        }
+        for (int r = 0; r < R; ++r) {
+            const llmctl_v pb = llmctl_vset(p[r*LLMCTL_FA_BLOCK + c]);
+            for (int j = 0; j < NV; ++j) {
+                acc[r][j] = llmctl_vfma(pb, vv[j], acc[r][j]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        for (int j = 0; j < NV; ++j) {
+            llmctl_vstore(o[r] + d0 + j*LLMCTL_W, acc[r][j]);
+        }
+    }
+}
+
+template <int R>
+static void llmctl_fa_pv(float * const * o, const float * p, const float * vf, int64_t DV,
+                         int64_t n) {
+    int64_t d0 = 0;
+    for (; d0 + LLMCTL_NV*LLMCTL_W <= DV; d0 += LLMCTL_NV*LLMCTL_W) {
+        llmctl_fa_pv_part<R, LLMCTL_NV>(o, p, vf, DV, d0, n);
+    }
+    for (; d0 < DV; d0 += LLMCTL_W) {
+        llmctl_fa_pv_part<R, 1>(o, p, vf, DV, d0, n);
+    }
+}
+
+// One row's softmax over the block: s (its BLOCK scores) becomes its
+// weights, and its state st = [M, S, O[DV]] is rescaled where the block
+// raises its maximum. m: the mask's BLOCK cells (-inf past the KV view), or
+// null for none. A block with no unmasked cell leaves weights of +0 and the
+// state untouched.
+static void llmctl_fa_softmax(float * s, const ggml_fp16_t * m, float slope, float scale,
+                              float softcap, float * st, int64_t DV) {
+    const llmctl_v vs = llmctl_vset(scale), vsl = llmctl_vset(slope);
+    llmctl_v vmax = llmctl_vset(-INFINITY);
+    for (int64_t c = 0; c < LLMCTL_FA_BLOCK; c += LLMCTL_W) {
+        llmctl_v x = llmctl_vload(s + c);
+        if (softcap != 0.0f) {
+            float t[LLMCTL_W];
+            llmctl_vstore(t, x);
+            for (int i = 0; i < LLMCTL_W; ++i) {
+                t[i] = softcap*tanhf(t[i]*scale);
+            }
+            x = llmctl_vload(t);
+        } else {
+            x = llmctl_vmul(x, vs);
+        }
+        if (m) {
+            x = llmctl_vmask_add(x, llmctl_vmul(vsl, llmctl_vf16(m + c)));
+        }
+        llmctl_vstore(s + c, x);
+        vmax = llmctl_vmax(vmax, x);
+    }
+    const float bmax = llmctl_vmaxall(vmax);
+    if (bmax == -INFINITY) {
+        memset(s, 0, LLMCTL_FA_BLOCK*sizeof(float));
+        return;
+    }
+    if (bmax > st[0]) {
+        if (st[0] != -INFINITY) {
+            const float ms = expf(st[0] - bmax);
+            for (int64_t d = 0; d < DV; ++d) {
+                st[2 + d] *= ms;
+            }
+            st[1] *= ms;
+        }
+        st[0] = bmax;
+    }
+    const llmctl_v vm = llmctl_vset(st[0]);
+    llmctl_v vsum = llmctl_vzero();
+    for (int64_t c = 0; c < LLMCTL_FA_BLOCK; c += LLMCTL_W) {
+        const llmctl_v x = llmctl_vload(s + c);
+        const llmctl_v p = llmctl_vzero_ninf(llmctl_vexp(llmctl_vsub(x, vm)), x);
+        llmctl_vstore(s + c, p);
+        vsum = llmctl_vadd(vsum, p);
+    }
+    st[1] += llmctl_vsum(vsum);
 }
 
 static inline bool llmctl_fa_rows_ok(const ggml_tensor * q, const ggml_tensor * k,
@@ -139,91 +220,7 @@ static inline bool llmctl_fa_rows_ok(const ggml_tensor * q, const ggml_tensor * 
                                      int64_t DK, int64_t DV, bool partials) {
     return !partials && sinks == nullptr && q->type == GGML_TYPE_F32 &&
            k->type == GGML_TYPE_F16 && v->type == GGML_TYPE_F16 && DK % 8 == 0 &&
-           DV % 8 == 0 && DK <= 1024 && DV <= 1024;
-}
-
-// Rows that read one KV head computed together, so that each block of K
-// and V is read from memory once for all of them (llmctl_fa_gather).
-#define LLMCTL_FA_GROUP 32
-
-// The n cells of one block (K rows kb, kb + nbk1, ...; V likewise; mask
-// mp, or null) of one query row into its state st = [M, S, VKQ[DV]].
-static void llmctl_fa_block(const float * q, const char * kb, size_t nbk1, const char * vb,
-                            size_t nbv1, int64_t DK, int64_t DV, int64_t n,
-                            const ggml_fp16_t * mp, float slope, float scale, float softcap,
-                            float * scores, float * st) {
-    float * VKQ32 = st + 2;
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8) {
-        llmctl_dot_eight(q, kb + j*nbk1, nbk1, DK, scores + j);
-    }
-    for (; j < n; ++j) {
-        scores[j] = llmctl_dot_one(q, (const ggml_fp16_t *) (kb + j*nbk1), DK);
-    }
-    // Cells past n (to the next eight) are masked: the passes below run
-    // eight cells at a time over them.
-    for (j = n; j % 8 != 0; ++j) {
-        scores[j] = -INFINITY;
-    }
-    float bmax = -INFINITY;
-    if (softcap == 0.0f) {
-        bmax = llmctl_scale_mask(scores, n, mp, slope, scale);
-    } else {
-        for (j = 0; j < n; ++j) {
-            const float mv = mp ? slope*GGML_CPU_FP16_TO_FP32(mp[j]) : 0.0f;
-            // A masked cell may hold anything (even NaN): it is -inf, exactly.
-            const float s = softcap*tanhf(scores[j]*scale);
-            scores[j] = mv == -INFINITY ? -INFINITY : s + mv;
-            bmax = std::max(bmax, scores[j]);
-        }
-    }
-    if (bmax == -INFINITY) {
-        return;
-    }
-    if (bmax > st[0]) {
-        const float ms = st[0] == -INFINITY ? 0.0f : expf(st[0] - bmax);
-        for (int64_t d = 0; d < DV; ++d) {
-            VKQ32[d] *= ms;
-        }
-        st[1] *= ms;
-        st[0] = bmax;
-    }
-    const __m256 vm = _mm256_set1_ps(st[0]);
-    const __m256 ninf = _mm256_set1_ps(-INFINITY);
-    for (j = 0; j < n; j += 8) {
-        const __m256 s = _mm256_loadu_ps(scores + j);
-        const __m256 keep = _mm256_cmp_ps(s, ninf, _CMP_NEQ_OQ);
-        _mm256_storeu_ps(scores + j, _mm256_and_ps(llmctl_exp8(_mm256_sub_ps(s, vm)), keep));
-    }
-    // The block's sum in eight lanes, cell j in lane j % 8, then a fixed
-    // reduction: padded and masked cells add exact zeros.
-    __m256 vsum = _mm256_setzero_ps();
-    for (j = 0; j < n; j += 8) {
-        vsum = _mm256_add_ps(vsum, _mm256_loadu_ps(scores + j));
-    }
-    float t8[8];
-    _mm256_storeu_ps(t8, vsum);
-    st[1] += ((t8[0] + t8[1]) + (t8[2] + t8[3])) + ((t8[4] + t8[5]) + (t8[6] + t8[7]));
-    for (int64_t d0 = 0; d0 < DV; d0 += 64) {
-        const int64_t w = std::min<int64_t>(64, DV - d0);
-        __m256 acc[8];
-        for (int64_t u = 0; u < w/8; ++u) {
-            acc[u] = _mm256_loadu_ps(VKQ32 + d0 + 8*u);
-        }
-        for (j = 0; j < n; ++j) {
-            if (scores[j] == 0.0f) {
-                continue;
-            }
-            const __m256 p = _mm256_set1_ps(scores[j]);
-            const ggml_fp16_t * vr = (const ggml_fp16_t *) (vb + j*nbv1) + d0;
-            for (int64_t u = 0; u < w/8; ++u) {
-                acc[u] = _mm256_fmadd_ps(llmctl_load8(vr + 8*u), p, acc[u]);
-            }
-        }
-        for (int64_t u = 0; u < w/8; ++u) {
-            _mm256_storeu_ps(VKQ32 + d0 + 8*u, acc[u]);
-        }
-    }
+           DV % LLMCTL_W == 0 && DK <= 1024 && DV <= 1024;
 }
 
 // Rows ir, ir + 1, ... of a flash-attention op (up to LLMCTL_FA_GROUP, and
@@ -263,26 +260,113 @@ static int llmctl_fa_gather(const ggml_tensor * q, const ggml_tensor * k, const 
     return n;
 }
 
+// Floats of scratch the kernel needs per thread: the converted K and V
+// blocks, the group's scores, a padded mask block, and the rows' states.
+static inline size_t llmctl_fa_floats(int64_t DK, int64_t DV) {
+    return (DK + DV + LLMCTL_FA_GROUP + 1)*LLMCTL_FA_BLOCK + LLMCTL_FA_GROUP*(DV + 2);
+}
+
+// The blocks [*lo, *hi) that hold a row's unmasked cells among [0, n_kv)
+// (m null: all of them); empty when it has none. A row's state is the same
+// whether the blocks between are visited or not (the kernel's comment).
+static void llmctl_fa_range(const ggml_fp16_t * m, int64_t n_kv, int64_t * lo, int64_t * hi) {
+    if (m == nullptr) {
+        *lo = 0;
+        *hi = (n_kv + LLMCTL_FA_BLOCK - 1)/LLMCTL_FA_BLOCK;
+        return;
+    }
+    const uint16_t ninf = 0xFC00;   // f16 -inf
+    int64_t first = 0, last = n_kv - 1;
+    while (first < n_kv && m[first] == ninf) {
+        ++first;
+    }
+    while (last > first && m[last] == ninf) {
+        --last;
+    }
+    *lo = first/LLMCTL_FA_BLOCK;
+    *hi = first < n_kv ? last/LLMCTL_FA_BLOCK + 1 : *lo;
+}
+
+#define LLMCTL_FA_TILE(fn, R, ...) \
+    switch (R) { \
+        case 1: fn<1>(__VA_ARGS__); break; \
+        case 2: fn<2>(__VA_ARGS__); break; \
+        case 3: fn<3>(__VA_ARGS__); break; \
+        LLMCTL_FA_TILE_WIDE(fn, __VA_ARGS__) \
+        default: GGML_ABORT("llmctl: tile of %d rows", (int) (R)); \
+    }
+#if LLMCTL_TILE_R == 6
+#define LLMCTL_FA_TILE_WIDE(fn, ...) \
+        case 4: fn<4>(__VA_ARGS__); break; \
+        case 5: fn<5>(__VA_ARGS__); break; \
+        case 6: fn<6>(__VA_ARGS__); break;
+#else
+#define LLMCTL_FA_TILE_WIDE(fn, ...)
+#endif
+
+// The block's mask for one row: m + c0 where the block lies inside the
+// view, else a copy padded with -inf (cells past the view are masked).
+static const ggml_fp16_t * llmctl_fa_block_mask(const ggml_fp16_t * m, int64_t c0, int64_t n,
+                                                ggml_fp16_t * pad) {
+    if (n == LLMCTL_FA_BLOCK) {
+        return m ? m + c0 : nullptr;
+    }
+    for (int64_t c = 0; c < LLMCTL_FA_BLOCK; ++c) {
+        pad[c] = c < n ? (m ? m[c0 + c] : (ggml_fp16_t) 0) : (ggml_fp16_t) 0xFC00;
+    }
+    return pad;
+}
+
 // n_rows rows (queries qs, masks ms or null, slopes) over the cells
 // [0, n_kv) of one KV head: each row's [M, S, VKQ[DV]] (unnormalised, as
-// ggml's per-cell loop leaves them) at out + r*(DV + 2). A row's result is
-// the same in any group: its own state, updated block by block in order.
+// ggml's per-cell loop leaves them) at out + r*(DV + 2). work: the scratch
+// llmctl_fa_floats names, less the states.
 static void llmctl_fa_group(const float * const * qs, const ggml_fp16_t * const * ms,
                             const float * slopes, int n_rows, const char * kb, size_t nbk1,
                             const char * vb, size_t nbv1, int64_t DK, int64_t DV, int64_t n_kv,
-                            float scale, float softcap, float * scores, float * out) {
+                            float scale, float softcap, float * work, float * out) {
+    float * kt = work;
+    float * vf = kt + DK*LLMCTL_FA_BLOCK;
+    float * p = vf + LLMCTL_FA_BLOCK*DV;
+    ggml_fp16_t * pad = (ggml_fp16_t *) (p + LLMCTL_FA_GROUP*LLMCTL_FA_BLOCK);
+    int64_t lo[LLMCTL_FA_GROUP], hi[LLMCTL_FA_GROUP];
+    float * o[LLMCTL_FA_GROUP];
+    int64_t nb = 0;
     for (int r = 0; r < n_rows; ++r) {
         float * st = out + r*(DV + 2);
         st[0] = -INFINITY;
         st[1] = 0.0f;
         memset(st + 2, 0, DV*sizeof(float));
+        o[r] = st + 2;
+        llmctl_fa_range(ms[r], n_kv, &lo[r], &hi[r]);
+        nb = std::max(nb, hi[r]);
     }
-    for (int64_t c0 = 0; c0 < n_kv; c0 += LLMCTL_FA_BLOCK) {
-        const int64_t n = std::min<int64_t>(LLMCTL_FA_BLOCK, n_kv - c0);
-        for (int r = 0; r < n_rows; ++r) {
-            llmctl_fa_block(qs[r], kb + c0*nbk1, nbk1, vb + c0*nbv1, nbv1, DK, DV, n,
-                            ms[r] ? ms[r] + c0 : nullptr, slopes[r], scale, softcap, scores,
-                            out + r*(DV + 2));
+    // Tiles of rows as even as the register tile allows (7 rows: 4 and 3).
+    const int ntile = (n_rows + LLMCTL_TILE_R - 1)/LLMCTL_TILE_R;
+    const int per = (n_rows + ntile - 1)/ntile;
+    for (int64_t b = 0; b < nb; ++b) {
+        const int64_t c0 = b*LLMCTL_FA_BLOCK, n = std::min<int64_t>(LLMCTL_FA_BLOCK, n_kv - c0);
+        bool converted = false;
+        for (int t0 = 0; t0 < n_rows; t0 += per) {
+            const int R = std::min(per, n_rows - t0);
+            bool active = false;
+            for (int r = t0; r < t0 + R; ++r) {
+                active |= lo[r] <= b && b < hi[r];
+            }
+            if (!active) {
+                continue;
+            }
+            if (!converted) {
+                llmctl_fa_convert(kb + c0*nbk1, nbk1, vb + c0*nbv1, nbv1, DK, DV, n, kt, vf);
+                converted = true;
+            }
+            float * pt = p + t0*LLMCTL_FA_BLOCK;
+            LLMCTL_FA_TILE(llmctl_fa_qk, R, qs + t0, kt, DK, pt)
+            for (int r = t0; r < t0 + R; ++r) {
+                llmctl_fa_softmax(p + r*LLMCTL_FA_BLOCK, llmctl_fa_block_mask(ms[r], c0, n, pad),
+                                  slopes[r], scale, softcap, out + r*(DV + 2), DV);
+            }
+            LLMCTL_FA_TILE(llmctl_fa_pv, R, o + t0, pt, vf, DV, n)
         }
     }
 }
@@ -292,8 +376,8 @@ static inline bool llmctl_fa_rows_ok(const ggml_tensor *, const ggml_tensor *,
                                      bool) {
     return false;
 }
-#define LLMCTL_FA_BLOCK 0
 #define LLMCTL_FA_GROUP 1
+static inline size_t llmctl_fa_floats(int64_t, int64_t) { return 0; }
 static int llmctl_fa_gather(const ggml_tensor *, const ggml_tensor *, const ggml_tensor *,
                             const ggml_tensor *, int, int, float, float, float, uint32_t,
                             const float **, const ggml_fp16_t **, float *) {

@@ -38,9 +38,16 @@ if(_llmctl_done EQUAL -1)
   set(_new "q->type == GGML_TYPE_F32 && nek1 >= 512 && false /* llmctl: batch-invariant */;")
   _llmctl_patch(_old _new "flash attention's split-KV condition")
 
-  # The per-row kernel, made fast over a long KV (llama_cpp_fa_rows.h says
-  # why and how): its code goes in ahead of ggml's, which calls it per row.
+  # llmctl's kernel, batch-invariant and fast (llama_cpp_fa_rows.h says why
+  # and how): its code goes in ahead of ggml's, which calls it per row.
   file(READ "${CMAKE_CURRENT_LIST_DIR}/llama_cpp_fa_rows.h" _code)
+  file(READ "${CMAKE_CURRENT_LIST_DIR}/llama_cpp_fa_simd.h" _simd)
+  set(_old "#include \"llama_cpp_fa_simd.h\"")
+  string(FIND "${_code}" "${_old}" _at)
+  if(_at EQUAL -1)
+    message(FATAL_ERROR "llmctl: the vector operations' place not found in llama_cpp_fa_rows.h")
+  endif()
+  string(REPLACE "${_old}" "${_simd}" _code "${_code}")
   set(_old "static void ggml_compute_forward_flash_attn_ext_f16_one_chunk(")
   set(_new "${_code}\n${_old}")
   _llmctl_patch(_old _new "the per-row flash-attention kernel")
@@ -51,9 +58,13 @@ if(_llmctl_done EQUAL -1)
     const bool llmctl_rows = ic_start == 0 &&
         llmctl_fa_rows_ok(q, k, v, sinks, DK, DV, write_partials);
     int llmctl_lo = 0, llmctl_hi = 0;
-    float * llmctl_scores = (float *) params->wdata + params->nth*(1*DK + 2*DV + CACHE_LINE_SIZE_F32)
-        + ith*(LLMCTL_FA_BLOCK + 8 + LLMCTL_FA_GROUP*(DV + 2) + CACHE_LINE_SIZE_F32);
-    float * llmctl_out = llmctl_scores + LLMCTL_FA_BLOCK + 8;
+    // Its scratch follows ggml's per-thread rows; ggml-cpu.c's plan adds it.
+    const size_t llmctl_floats = llmctl_fa_floats(DK, DV) + CACHE_LINE_SIZE_F32;
+    float * llmctl_work = (float *) params->wdata + params->nth*(1*DK + 2*DV + CACHE_LINE_SIZE_F32)
+        + ith*llmctl_floats;
+    float * llmctl_out = llmctl_work + llmctl_floats - CACHE_LINE_SIZE_F32 - LLMCTL_FA_GROUP*(DV + 2);
+    GGML_ASSERT(!llmctl_rows || params->wsize >= sizeof(float)*params->nth*
+        (1*DK + 2*DV + CACHE_LINE_SIZE_F32 + llmctl_floats));
 
     for (int ir = ir0; ir < ir1; ++ir) {
         // q indices
@@ -71,7 +82,7 @@ if(_llmctl_done EQUAL -1)
                 llmctl_hi = ir + n;
                 llmctl_fa_group(qs, ms, slopes, n, (const char *) k->data + ik2*nbk2 + ik3*nbk3,
                                 nbk1, (const char *) v->data + iv2*nbv2 + iv3*nbv3, nbv1, DK, DV,
-                                ic_end, scale, logit_softcap, llmctl_scores, llmctl_out);
+                                ic_end, scale, logit_softcap, llmctl_work, llmctl_out);
             }
             const float * st = llmctl_out + (ir - llmctl_lo)*(DV + 2);
             M = st[0];
@@ -103,6 +114,21 @@ if(_llmctl_done EQUAL -1)
   set(_new "                                neq1 >= Q_TILE_SZ && !llmctl_rows);")
   _llmctl_patch(_old _new "flash attention's tiled-kernel condition")
   file(WRITE "${_llmctl_fa}" "${_llmctl_src}")
+endif()
+
+# The kernel's scratch in the graph plan: per thread, llmctl_fa_floats(DK,
+# DV) of llama_cpp_fa_rows.h and a cache line (ops.cpp asserts it is there).
+set(_llmctl_plan "${CMAKE_CURRENT_SOURCE_DIR}/ggml/src/ggml-cpu/ggml-cpu.c")
+set(_llmctl_file "${_llmctl_plan}")
+file(READ "${_llmctl_plan}" _llmctl_src)
+string(FIND "${_llmctl_src}" "llmctl:" _llmctl_done)
+if(_llmctl_done EQUAL -1)
+  set(_old "                        cur += MAX(prefill, decode);")
+  set(_new "                        cur += MAX(prefill, decode);
+                        // llmctl: the flash-attention kernel's scratch (llama_cpp_fa_rows.h)
+                        cur += sizeof(float)*n_tasks*((DK + DV + 128 + 1)*64 + 128*(DV + 2) + CACHE_LINE_SIZE_F32);")
+  _llmctl_patch(_old _new "flash attention's scratch in the plan")
+  file(WRITE "${_llmctl_plan}" "${_llmctl_src}")
 endif()
 
 # Batch invariance for K-quant weights in their file's layout (the default's

@@ -55,7 +55,7 @@ def test_deterministic(llm):
 def test_a_small_batch_equals_one_at_a_time(llm):
     # Equal up to rounding: the embedding context's one shared KV puts a
     # text at another cell offset in a batch than alone, and flash
-    # attention's softmax sum takes a block's cells in eight lanes by their
+    # attention's softmax sum takes a block's cells in vector lanes by their
     # offset (scripts/llama_cpp_fa_rows.h), so the last bits move (measured
     # 8e-4 on these unit vectors). The engine's KV, a stream per sequence,
     # starts every sequence at cell 0.

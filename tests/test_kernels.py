@@ -78,13 +78,19 @@ def test_the_few_row_kernel_matches_a_float64_product(name):
         assert (err <= 1e-5 * scale[:n]).all(), f"{n} rows: worst relative {(err / scale[:n]).max()}"
 
 
-# Flash attention, F16 KV: llmctl's per-row kernel (scripts/llama_cpp_fa_rows.h)
+# Flash attention, F16 KV: llmctl's kernel (scripts/llama_cpp_fa_rows.h)
 # takes chunks of every size in llmctl's build (ggml's own takes 64+ rows with
 # a tiled kernel that rounds otherwise), and past 512 cells a lone row too
-# (the split-KV kernel is off).
-def _attention_case(rows: int, cells: int = 700):
+# (the split-KV kernel is off). Its register tiles hold up to 6 rows (3 on
+# AVX2) and its groups 128, so the row counts below cross both.
+SHAPES = {"4 heads over 2, 64 wide": (4, 2, 64),
+          "14 over 2 (Qwen 0.5B)": (14, 2, 64),
+          "12 over 2, 128 wide (Qwen 1.5B)": (12, 2, 128)}
+
+
+def _attention_case(rows: int, cells: int = 700, shape=(4, 2, 64)):
     rng = np.random.default_rng(4)
-    heads, kv_heads, dim = 4, 2, 64        # grouped-query, as Qwen's
+    heads, kv_heads, dim = shape
     q = rng.standard_normal((heads, rows, dim)).astype(np.float32)
     k = rng.standard_normal((kv_heads, cells, dim)).astype(np.float16)
     v = rng.standard_normal((kv_heads, cells, dim)).astype(np.float16)
@@ -94,8 +100,9 @@ def _attention_case(rows: int, cells: int = 700):
     return q, k, v, mask
 
 
-def test_attention_rows_are_the_same_bits_at_any_row_and_thread_count():
-    q, k, v, mask = _attention_case(130)
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_attention_rows_are_the_same_bits_at_any_row_and_thread_count(shape):
+    q, k, v, mask = _attention_case(130, shape=shape)
     ref = ggml_ops.flash_attn(q, k, v, mask, 0.125, threads=1)
     for n in (1, 2, 3, 8, 9, 17, 33, 63, 64, 65, 80, 129):
         for threads in (1, 2):
@@ -104,11 +111,25 @@ def test_attention_rows_are_the_same_bits_at_any_row_and_thread_count():
             assert np.array_equal(got, ref[:n]), f"{n} rows, {threads} threads: off by {diff}"
 
 
+def test_a_causal_chunk_computes_its_rows_as_one_at_a_time():
+    """A prompt chunk's causal mask leaves most blocks of its first rows
+    masked, which the kernel skips for those rows but not for their
+    neighbours in a tile: each row alone gives the same bits."""
+    q, k, v, _ = _attention_case(96, cells=300, shape=(14, 2, 64))
+    mask = np.zeros((96, 300), np.float16)
+    for r in range(96):
+        mask[r, 300 - 96 + r + 1:] = -np.inf
+    ref = ggml_ops.flash_attn(q, k, v, mask, 0.125, threads=2)
+    for r in (0, 5, 6, 40, 48, 50, 95):
+        got = ggml_ops.flash_attn(q[:, r:r + 1], k, v, mask[r:r + 1], 0.125, threads=1)
+        assert np.array_equal(got, ref[r:r + 1]), f"row {r}: off by {np.abs(got - ref[r:r + 1]).max()}"
+
+
 @pytest.mark.parametrize("rows", (1, 9, 80))
 def test_attention_rows_ignore_masked_cells_past_their_own(rows):
     """A KV view's length depends on the batch (other sequences' cells): the
     same rows over 700 cells and over 701-1,024, the rest masked, are the
-    same bits (block edges and the eight-cell tail)."""
+    same bits (block edges and the padded tail)."""
     q, k, v, mask = _attention_case(rows)
     ref = ggml_ops.flash_attn(q, k, v, mask, 0.125, threads=2)
     rng = np.random.default_rng(5)
@@ -124,11 +145,12 @@ def test_attention_rows_ignore_masked_cells_past_their_own(rows):
         assert np.array_equal(got, ref), f"{rows} rows over {cells} cells: off by {diff}"
 
 
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
 @pytest.mark.parametrize("rows", (1, 63, 80, 512))
-def test_attention_matches_a_float64_softmax(rows):
+def test_attention_matches_a_float64_softmax(rows, shape):
     """softmax(q k^T / 8 + mask) v in float64 from the same float16 K and V:
     float32 sums and the vector exp leave under 1e-5 of max|v|."""
-    q, k, v, mask = _attention_case(rows)
+    q, k, v, mask = _attention_case(rows, shape=shape)
     got = ggml_ops.flash_attn(q, k, v, mask, 0.125, threads=2).astype(np.float64)
     group = q.shape[0] // k.shape[0]
     for h in range(q.shape[0]):

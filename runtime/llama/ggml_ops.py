@@ -7,6 +7,7 @@ row count, the same activation quantization, the same threads."""
 from __future__ import annotations
 
 import ctypes
+import os
 import pathlib
 
 import llama_cpp
@@ -24,7 +25,10 @@ class _InitParams(ctypes.Structure):
 
 
 def _bind():
-    lib = pathlib.Path(llama_cpp.__file__).parent / "lib"
+    # The ggml that llama_cpp itself loads: a build under test, through
+    # LLAMA_CPP_LIB_PATH, or the package's own.
+    override = os.environ.get("LLAMA_CPP_LIB_PATH")
+    lib = pathlib.Path(override) if override else pathlib.Path(llama_cpp.__file__).parent / "lib"
     base = ctypes.CDLL(str(lib / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
     cpu = ctypes.CDLL(str(lib / "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
     sigs = {

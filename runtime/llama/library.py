@@ -133,7 +133,7 @@ def system_info() -> str:
 
 def has_fa_rows_kernel() -> bool:
     """Whether this build computes flash attention's rows with llmctl's
-    per-row kernel (scripts/llama_cpp_fa_rows.h, for an F16 KV), which
+    kernel (scripts/llama_cpp_fa_rows.h, for an F16 KV), which
     rounds a row alike in a chunk of any size: it is compiled where the
     build has AVX2, F16C and FMA, which ggml reports. Raises nothing."""
     info = system_info()

@@ -6,7 +6,7 @@ the draft model all match prefixes with it.
 ggml's CPU flash attention computes a chunk of at least `TILE` (64) query
 rows with its tiled kernel and a shorter one row by row, and the two round
 differently (a 63-row chunk changes the logits, 64 or more in any split do
-not). llmctl's build computes every chunk with its per-row kernel
+not). llmctl's build computes every chunk with its own kernel
 (scripts/llama_cpp_fa_rows.h), so there any cut is exact and the tile is
 1; so it is with a quantized KV, which ggml's own per-row kernel takes at
 every size. Elsewhere (a CPU without AVX2) the tile holds prompts apart
