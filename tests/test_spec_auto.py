@@ -197,6 +197,35 @@ def test_speculation_yields_to_a_full_batch_by_measure():
     assert dear.trim(1, [Candidate(evidence(3, 40, 5), [1, 2, 3, 4], 8)])[0] > 0
 
 
+def test_a_step_of_unequal_rows_is_priced_by_its_graph_runs():
+    # llama.cpp runs a step whose sequences decode unequal rows as one
+    # graph per level of rows: 4 one-row sequences and 2 guesses on one
+    # are a run of 4 rows and a run of 2; equal guesses share a run.
+    c = costs(10.0, 1.0)
+    assert c.runs_cost(4, []) == pytest.approx(14.0)
+    assert c.runs_cost(4, [2]) == pytest.approx(14.0 + 12.0)
+    assert c.runs_cost(4, [2, 2]) == pytest.approx(14.0 + 14.0)
+    assert c.runs_cost(4, [2, 2, 2, 2]) == pytest.approx(22.0)
+    assert c.runs_cost(4, [2, 0, 5]) == pytest.approx(14.0 + 14.0 + 13.0)
+    assert c.runs_cost(1, [3]) == pytest.approx(14.0)
+    assert StepCosts().runs_cost(4, [2]) is None
+
+
+def test_beside_other_sequences_a_guess_pays_for_a_whole_run():
+    # Rows are cheap next to a graph run's fixed part: priced by rows, a
+    # good guess pays beside three other sequences; priced by runs (the
+    # engine's one-row decode steps), the extra run costs more than the
+    # guesses are worth. A lone sequence has no other run to add.
+    rec = evidence(3, kept=40, failed=5)
+    assert controller(10.0, 0.5).trim(4, [Candidate(rec, [1, 2, 3, 4], 8)])[0] > 0
+    ctl = controller(10.0, 0.5)
+    assert ctl.trim(4, [Candidate(evidence(3, 40, 5), [1, 2, 3, 4], 8)], one_row_each=True) == [0]
+    assert ctl.trim(1, [Candidate(evidence(3, 40, 5), [1, 2, 3, 4], 8)], one_row_each=True)[0] > 0
+    # A long verbatim copy is worth a run of its own.
+    long = Candidate(evidence(6, kept=400, failed=2), list(range(16)), 100)
+    assert ctl.trim(4, [long], one_row_each=True)[0] > 8
+
+
 def test_rows_past_a_full_batch_are_costed_from_full_batches():
     # Beside a lone sequence a row is nearly free; past 16 rows each costs
     # as much as a sequence's share. Guesses pay alone, not in the batch.

@@ -67,7 +67,8 @@ class Speculation:
         candidates = [Candidate(self.records.of(work[i]), work[i].draft, g.match)
                       for i, g in guessed]
         rows = sum(len(w.tokens) - len(w.draft) for w in work)
-        keep = self.controller.trim(rows, candidates)
+        one_row_each = all(w.decode and len(w.tokens) - len(w.draft) == 1 for w in work)
+        keep = self.controller.trim(rows, candidates, one_row_each)
         declined = 0
         for (i, _), c, k in zip(guessed, candidates, keep, strict=False):
             work[i] = work[i].with_draft(work[i].draft[:k])
@@ -105,7 +106,10 @@ class Speculation:
         rows = sum(len(w.tokens) for w in plan)
         if self._checks:
             self._stats.record_spec_saved(self.controller.settle(len(plan), seconds, self._checks))
-        self.controller.costs.record(rows, seconds)
+        # Unequal rows are several graph runs (StepCosts.runs_cost): their
+        # time is no measure of one run of that many rows.
+        if len({len(w.tokens) for w in plan}) == 1:
+            self.controller.costs.record(rows, seconds)
 
     def forget(self, seq_id: int) -> None:
         """Drop an ended sequence's record."""

@@ -27,11 +27,9 @@ that share to them.
 What guessing saved is measured too, and overrules the prediction: each
 speculating step is settled against plain steps of its batch, and where
 those savings fall short (a batch band's steps, or one sequence's own
-checks), guessing stops but for the paced probes. The prediction knows
-rows only, and a step's cost is not only its rows: with a KV stream per
-sequence llama.cpp splits a step whose sequences decode unequal numbers of
-rows into several graph runs, so beside other sequences a guess pays for
-a whole extra pass over the weights."""
+checks), guessing stops but for the paced probes. Beside other sequences
+a guess pays for a whole extra graph run, which the prediction prices
+(StepCosts.runs_cost) and the settled returns measure."""
 
 from __future__ import annotations
 
@@ -263,21 +261,26 @@ class Controller:
             alpha = max(alpha, c.match / (c.match + VERBATIM_SLACK))
         return alpha
 
-    def trim(self, n_rows: int, candidates: list[Candidate]) -> list[int]:
+    def trim(self, n_rows: int, candidates: list[Candidate],
+             one_row_each: bool = False) -> list[int]:
         """How many guesses to check for each candidate, in a step that has
-        `n_rows` rows (one expected token each) without guesses."""
+        `n_rows` rows (one expected token each) without guesses; with
+        `one_row_each`, those are as many sequences, one row each, and the
+        step is priced by its graph runs (StepCosts.runs_cost)."""
         out = [0] * len(candidates)
         order = sorted(range(len(candidates)),
                        key=lambda i: -self.candidate_alpha(candidates[i]))
         rows, tokens = n_rows, float(n_rows)
+        taken: list[int] = []
         for i in order:
             c = candidates[i]
             self._resolve_shadow(c.record)
             c.guesses = c.guesses[:max(c.record.cap, verbatim_cap(c.kind))]
-            k, gain = self._best(rows, tokens, c, n_rows)
+            price = self._pricer(n_rows, rows, taken, one_row_each)
+            k, gain = self._best(price, rows, tokens, c, n_rows)
             if k == 0:
                 c.record.declined += 1
-                if c.record.declined < self.probe_interval(rows, n_rows):
+                if c.record.declined < self.probe_interval(rows, n_rows, price):
                     if c.record.shadow is None and len(c.guesses) >= PROBE_GUESSES:
                         c.record.shadow = Shadow(c.guesses[:PROBE_GUESSES], c.kind,
                                                  len(c.record.history), n_rows)
@@ -288,7 +291,14 @@ class Controller:
             out[i] = k
             rows += k
             tokens += gain
+            taken.append(k)
         return out
+
+    def _pricer(self, n_rows: int, rows: int, taken: list[int], levels: bool):
+        """The step's cost by one more candidate's guess count."""
+        if levels:
+            return lambda k: self.costs.runs_cost(n_rows, taken + [k])
+        return lambda k: self.costs.cost(rows + k, n_rows)
 
     def _resolve_shadow(self, record: SeqSpec) -> None:
         """Learn from the sequence's shadow once its tokens tell how much of
@@ -308,7 +318,7 @@ class Controller:
         record.shadow = None
         k = len(sh.guesses)
         plain = self.costs.cost(sh.base_rows)
-        checked = self.costs.cost(sh.base_rows + k, sh.base_rows)
+        checked = self.costs.runs_cost(sh.base_rows, [k])
         self.record(record, sh.kind, k, kept)
         if plain is None or checked is None:
             return
@@ -319,17 +329,21 @@ class Controller:
         if sh.base_rows == 1:
             band.add(saved, plain + extra, extra, k)
 
-    def probe_interval(self, rows: int, base_rows: int) -> float:
+    def probe_interval(self, rows: int, base_rows: int, price=None) -> float:
         """Declined proposals a sequence lets pass before it probes, in a
-        step of `rows` rows of which `base_rows` are unguessed: enough that
-        its probe's extra cost is at most PROBE_BUDGET of its share of the
-        steps in between (at least PROBE_MIN; never, before any step). While
-        no step has had more rows than this, the first proposal probes at
-        once: its step measures what a guess costs."""
-        base = self.costs.cost(rows, base_rows)
+        step of `rows` rows of which `base_rows` are unguessed (`price`: the
+        step's cost by the sequence's guess count, trim's pricer; by rows if
+        none): enough that its probe's extra cost is at most PROBE_BUDGET
+        of its share of the steps in between (at least PROBE_MIN; never,
+        before any step). While no step has had more rows than this, the
+        first proposal probes at once: its step measures what a guess
+        costs."""
+        if price is None:
+            price = self._pricer(base_rows, rows, [], False)
+        base = price(0)
         if base is None:
             return float("inf")
-        probe = self.costs.cost(rows + PROBE_GUESSES, base_rows)
+        probe = price(PROBE_GUESSES)
         if probe is None:
             return 1.0
         share = base / max(1, base_rows)
@@ -339,16 +353,18 @@ class Controller:
         extra = max(probe - base, PROBE_GUESSES * settled)
         return max(float(PROBE_MIN), extra / (PROBE_BUDGET * share))
 
-    def _best(self, rows: int, tokens: float, c: Candidate, base_rows: int) -> tuple[int, float]:
-        """The guess count with the best expected step rate, and its
-        expected kept guesses; (0, 0) when no count beats not guessing."""
-        base = self.costs.cost(rows, base_rows)
+    def _best(self, price, rows: int, tokens: float, c: Candidate,
+              base_rows: int) -> tuple[int, float]:
+        """The guess count with the best expected step rate (`price`: the
+        step's cost by the count), and its expected kept guesses; (0, 0)
+        when no count beats not guessing."""
+        base = price(0)
         if base is None or self.stopped(c.record, base_rows):
             return 0, 0.0
         alpha = self.candidate_alpha(c)
         best_k, best_gain, best_rate = 0, 0.0, tokens / base * (1.0 + MIN_GAIN)
         for k in range(1, min(len(c.guesses), MAX_ROWS - rows) + 1):
-            cost = self.costs.cost(rows + k, base_rows)
+            cost = price(k)
             gain = expected_kept(alpha, k)
             if cost and (tokens + gain) / cost > best_rate:
                 best_k, best_gain, best_rate = k, gain, (tokens + gain) / cost

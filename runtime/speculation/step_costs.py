@@ -1,5 +1,7 @@
 """Measured seconds of decode-only steps by their number of rows: what
-`--spec auto` (adaptive.py) reads a checked guess's cost off."""
+`--spec auto` (adaptive.py) reads a checked guess's cost off. Only steps
+that are one graph run teach it (every sequence the same rows); a step
+with unequal rows is priced as the runs llama.cpp makes of it."""
 
 from __future__ import annotations
 
@@ -57,6 +59,26 @@ class StepCosts:
         if rows > reach:
             return None                 # one count measured: no slope to go by yet
         return max(a + b * rows, floor)
+
+    def runs_cost(self, n_seqs: int, guesses: list[int]) -> float | None:
+        """Seconds of a decode step of `n_seqs` one-row sequences, some
+        checking `guesses` more rows. With a KV stream per sequence
+        llama.cpp runs such a step as one graph per level of rows (each
+        run takes the same rows from every sequence that has that many
+        left), so beside other sequences one sequence's guesses pay for a
+        whole extra run, and guesses of equal length share one. None where
+        a run's rows are not measured yet."""
+        guessing = [1 + k for k in guesses if k > 0]
+        rows = guessing + [1] * max(0, n_seqs - len(guessing))
+        total, done = 0.0, 0
+        for level in sorted(set(rows)):
+            left = sum(1 for r in rows if r >= level)
+            cost = self.cost(left * (level - done), n_seqs if done == 0 else 1)
+            if cost is None:
+                return None
+            total += cost
+            done = level
+        return total
 
     def _fit(self, lo: int) -> tuple[float, float, float, int] | None:
         """(intercept, slope, the cheapest step, the most rows the line
