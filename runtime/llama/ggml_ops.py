@@ -7,11 +7,12 @@ row count, the same activation quantization, the same threads."""
 from __future__ import annotations
 
 import ctypes
-import os
 import pathlib
 
 import llama_cpp
 import numpy as np
+
+from llmctl.native import library_path
 
 # ggml's type ids (ggml.h)
 F32, F16, Q4_K, Q6_K = 0, 1, 12, 14
@@ -25,10 +26,10 @@ class _InitParams(ctypes.Structure):
 
 
 def _bind():
-    # The ggml that llama_cpp itself loads: a build under test, through
-    # LLAMA_CPP_LIB_PATH, or the package's own.
-    override = os.environ.get("LLAMA_CPP_LIB_PATH")
-    lib = pathlib.Path(override) if override else pathlib.Path(llama_cpp.__file__).parent / "lib"
+    # The ggml beside the libllama that llama_cpp itself loads: a build
+    # under test, through LLAMA_CPP_LIB_PATH, or the package's own.
+    found = library_path()
+    lib = found.parent if found else pathlib.Path(llama_cpp.__file__).parent / "lib"
     base = ctypes.CDLL(str(lib / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
     cpu = ctypes.CDLL(str(lib / "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
     sigs = {
