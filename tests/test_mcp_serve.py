@@ -7,8 +7,10 @@ loopback; a real model, the default Qwen2.5-Coder-1.5B."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -51,10 +53,14 @@ def box_http() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, session_home, box_http) -> Iterator[tuple[str, Path, Path]]:
+def served(session_home, box_http) -> Iterator[tuple[str, Path, Path]]:
     """`llmctl serve --mcp` on the default model: (its URL, the folder the
-    filesystem server reads, the toolbox's notes file)."""
-    tmp = tmp_path_factory.mktemp("mcp-serve")
+    filesystem server reads, the toolbox's notes file). The folder's path is
+    fixed: it is part of the question, and the model's greedy choice of file
+    to read should not turn on pytest's run number in a temp path."""
+    tmp = Path(tempfile.gettempdir()) / "llmctl-mcp-serve"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
     folder, fs = folder_with_notes(tmp, allowedTools=["list_directory", "read_text_file"])
     notes = tmp / "notes.log"
     servers = json.loads(fs.read_text())["mcpServers"]
@@ -67,6 +73,7 @@ def served(tmp_path_factory, session_home, box_http) -> Iterator[tuple[str, Path
                              str(path), env={"LLMCTL_HOME": str(session_home)}) as srv:
         srv.wait_ready(900)
         yield srv.url, folder, notes
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _openai(url: str) -> openai.OpenAI:
