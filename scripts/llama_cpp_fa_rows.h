@@ -262,6 +262,8 @@ static int llmctl_fa_gather(const ggml_tensor * q, const ggml_tensor * k, const 
 
 // Floats of scratch the kernel needs per thread: the converted K and V
 // blocks, the group's scores, a padded mask block, and the rows' states.
+// scripts/llama_cpp_slim.cmake writes the same sum into ggml's graph plan,
+// with LLMCTL_FA_BLOCK and LLMCTL_FA_GROUP read from their #defines above.
 static inline size_t llmctl_fa_floats(int64_t DK, int64_t DV) {
     return (DK + DV + LLMCTL_FA_GROUP + 1)*LLMCTL_FA_BLOCK + LLMCTL_FA_GROUP*(DV + 2);
 }

@@ -41,16 +41,13 @@ if(_llmctl_done EQUAL -1)
   # llmctl's kernel, batch-invariant and fast (llama_cpp_fa_rows.h says why
   # and how): its code goes in ahead of ggml's, which calls it per row.
   file(READ "${CMAKE_CURRENT_LIST_DIR}/llama_cpp_fa_rows.h" _code)
-  file(READ "${CMAKE_CURRENT_LIST_DIR}/llama_cpp_fa_simd.h" _simd)
-  set(_old "#include \"llama_cpp_fa_simd.h\"")
-  string(FIND "${_code}" "${_old}" _at)
-  if(_at EQUAL -1)
-    message(FATAL_ERROR "llmctl: the vector operations' place not found in llama_cpp_fa_rows.h")
-  endif()
-  string(REPLACE "${_old}" "${_simd}" _code "${_code}")
   set(_old "static void ggml_compute_forward_flash_attn_ext_f16_one_chunk(")
   set(_new "${_code}\n${_old}")
   _llmctl_patch(_old _new "the per-row flash-attention kernel")
+  # ...whose vector operations go where it includes them.
+  file(READ "${CMAKE_CURRENT_LIST_DIR}/llama_cpp_fa_simd.h" _new)
+  set(_old "#include \"llama_cpp_fa_simd.h\"")
+  _llmctl_patch(_old _new "llama_cpp_fa_rows.h's include of its vector operations")
   set(_old "    int ith = params->ith;\n\n    for (int ir = ir0; ir < ir1; ++ir) {\n        // q indices\n")
   set(_new "    int ith = params->ith;
 
@@ -117,16 +114,25 @@ if(_llmctl_done EQUAL -1)
 endif()
 
 # The kernel's scratch in the graph plan: per thread, llmctl_fa_floats(DK,
-# DV) of llama_cpp_fa_rows.h and a cache line (ops.cpp asserts it is there).
+# DV) of llama_cpp_fa_rows.h and a cache line (ops.cpp asserts it is there),
+# with the header's block and group sizes read from it.
 set(_llmctl_plan "${CMAKE_CURRENT_SOURCE_DIR}/ggml/src/ggml-cpu/ggml-cpu.c")
 set(_llmctl_file "${_llmctl_plan}")
 file(READ "${_llmctl_plan}" _llmctl_src)
 string(FIND "${_llmctl_src}" "llmctl:" _llmctl_done)
 if(_llmctl_done EQUAL -1)
+  file(READ "${CMAKE_CURRENT_LIST_DIR}/llama_cpp_fa_rows.h" _code)
+  foreach(_name BLOCK GROUP)
+    string(REGEX MATCH "\n#define LLMCTL_FA_${_name} ([0-9]+)\n" _at "${_code}")
+    if(NOT _at)
+      message(FATAL_ERROR "llmctl: LLMCTL_FA_${_name} not found in llama_cpp_fa_rows.h")
+    endif()
+    set(_fa_${_name} "${CMAKE_MATCH_1}")
+  endforeach()
   set(_old "                        cur += MAX(prefill, decode);")
   set(_new "                        cur += MAX(prefill, decode);
                         // llmctl: the flash-attention kernel's scratch (llama_cpp_fa_rows.h)
-                        cur += sizeof(float)*n_tasks*((DK + DV + 128 + 1)*64 + 128*(DV + 2) + CACHE_LINE_SIZE_F32);")
+                        cur += sizeof(float)*n_tasks*((DK + DV + ${_fa_GROUP} + 1)*${_fa_BLOCK} + ${_fa_GROUP}*(DV + 2) + CACHE_LINE_SIZE_F32);")
   _llmctl_patch(_old _new "flash attention's scratch in the plan")
   file(WRITE "${_llmctl_plan}" "${_llmctl_src}")
 endif()
