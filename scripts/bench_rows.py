@@ -14,6 +14,14 @@ and the test suite read.
 
     .venv/bin/python scripts/bench_rows.py [--model qwen2.5-coder-1.5b] [--threads 2]
         [--repeat 6] [--flash-attn on|off] [--rows 1,2,3,5,9] [--json]
+
+A list of contexts, `--flash-attn on,off`, `--arms` or `--rounds N` sweeps
+them instead, each round running every combination in turn, and prints a
+table of medians with each mode's time over the first's, e.g. llmctl's
+attention kernel against ggml's path without flash attention:
+
+    .venv/bin/python scripts/bench_rows.py --model qwen2.5-coder-0.5b --arms "file layout"
+        --flash-attn on,off --context 64,1000,4000,16000 --rows 1,512 --rounds 3
 """
 
 from __future__ import annotations
@@ -96,26 +104,82 @@ def _arm(name: str, argv: list[str]) -> dict:
     return json.loads(run.stdout.splitlines()[-1])
 
 
+def _sweep(args, contexts: list[int], modes: list[str], arms: list[str]) -> list[dict]:
+    """Each round runs every context, arm and attention mode once, one after
+    the other, so drift on the machine spreads over all of them alike."""
+    out = []
+    for rnd in range(args.rounds):
+        for context in contexts:
+            for arm in arms:
+                for mode in modes:
+                    argv = ["--model", args.model, "--threads", str(args.threads), "--repeat",
+                            str(args.repeat), "--context", str(context), "--flash-attn", mode,
+                            "--rows", args.rows, "--seqs", str(args.seqs)]
+                    r = _arm(arm, argv)
+                    out.append({"round": rnd, "context": context, "arm": arm, "flash_attn": mode,
+                                **r})
+                    print(f"round {rnd + 1}, {context} tokens, {arm}, flash attention {mode}: "
+                          + ", ".join(f"{k} rows {v:.1f} ms" for k, v in r["ms"].items()),
+                          file=sys.stderr)
+    return out
+
+
+def _sweep_table(runs: list[dict], modes: list[str]) -> None:
+    """Per context, arm and row count: each mode's median ms over the rounds,
+    and each later mode's time over the first's (median of per-round ratios,
+    range)."""
+    base, others = modes[0], modes[1:]
+    keys = sorted({(r["context"], r["arm"]) for r in runs})
+    print("context | arm | rows | " + " | ".join(f"flash {m} ms" for m in modes)
+          + "".join(f" | {m} / {base} (range)" for m in others))
+    for context, arm in keys:
+        mine = [r for r in runs if r["context"] == context and r["arm"] == arm]
+        for rows in mine[0]["ms"]:
+            by_mode = {m: [r["ms"][rows] for r in mine if r["flash_attn"] == m] for m in modes}
+            cells = [f"{statistics.median(by_mode[m]):.1f}" for m in modes]
+            for m in others:
+                ratios = [o / b for o, b in zip(by_mode[m], by_mode[base], strict=True)]
+                cells.append(f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-"
+                             f"{max(ratios):.2f})")
+            print(f"{context} | {arm} | {rows} | " + " | ".join(cells))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=6)
-    ap.add_argument("--context", type=int, default=200,
-                    help="Tokens before the measured rows.")
-    ap.add_argument("--flash-attn", choices=("on", "off"), default="on")
+    ap.add_argument("--context", default="200",
+                    help="tokens before the measured rows; a list sweeps them")
+    ap.add_argument("--flash-attn", default="on",
+                    help="on, off, or on,off to time both side by side")
     ap.add_argument("--rows", default=",".join(map(str, ROWS)),
                     help="row counts to time, e.g. 1,2,9,33,65 for long drafts")
     ap.add_argument("--seqs", type=int, default=0,
                     help="also time one decode step of this many sequences, a row each")
+    ap.add_argument("--arms", action="append", choices=list(ARMS),
+                    help="a weight arm to run (repeat it for more; all by default)")
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--arm", choices=sorted(ARMS), help=argparse.SUPPRESS)
     args = ap.parse_args()
     rows = tuple(int(r) for r in args.rows.split(","))
+    contexts = [int(c) for c in args.context.split(",")]
+    modes = args.flash_attn.split(",")
+    arms = args.arms or list(ARMS)
+    if not set(modes) <= {"on", "off"}:
+        ap.error("--flash-attn takes on, off, or on,off")
     if args.arm:
         r = measure(resolve_model(args.model).path, ARMS[args.arm][0], args.threads,
-                    args.repeat, args.context, args.flash_attn == "on", rows, args.seqs)
+                    args.repeat, contexts[0], modes[0] == "on", rows, args.seqs)
         print(json.dumps(r))
+        return
+    if len(contexts) > 1 or len(modes) > 1 or args.rounds > 1 or len(arms) < len(ARMS):
+        runs = _sweep(args, contexts, modes, arms)
+        if args.json:
+            print(json.dumps(runs, indent=1))
+        else:
+            _sweep_table(runs, modes)
         return
     argv = [a for a in sys.argv[1:] if a != "--json"]
     result = {name: _arm(name, argv) for name in ARMS}
