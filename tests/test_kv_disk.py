@@ -278,6 +278,15 @@ def test_only_dead_writers_temp_files_are_cleaned(store):
     assert not dead.exists() and live.exists()
 
 
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's SCHED_IDLE")
+def test_the_writer_yields_the_cores_to_the_engine(store):
+    assert store._thread.native_id is not None
+    # The policy is set as the thread starts; a queued write waits behind it.
+    store.save(PROMPT, BLOB)
+    store.flush()
+    assert os.sched_getscheduler(store._thread.native_id) == os.SCHED_IDLE
+
+
 def test_close_writes_everything_queued(root):
     store = DiskStore(root, IDENTITY, budget_bytes=1 << 30, max_pending=16)
     prompts = [list(range(n, n + 300)) for n in range(0, 8000, 1000)]

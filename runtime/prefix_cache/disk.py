@@ -261,6 +261,12 @@ class DiskStore:
             log.warning("prefix cache: gave up waiting for queued writes to %s", self.dir)
 
     def _writer(self) -> None:
+        # The engine's threads get the cores first: with as many cores as
+        # ggml threads, a save written beside a decode step slowed the steps
+        # after a long prompt by 5% (docs/measurements.md, "The disk
+        # store's writer"); idle, it writes at full speed.
+        with contextlib.suppress(AttributeError, OSError):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         while True:
             job = self._jobs.get()
             try:
