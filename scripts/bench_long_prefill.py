@@ -15,7 +15,7 @@ goes on for K tokens (ignore_eos), and their rate is decode tok/s after it.
     .venv/bin/python scripts/bench_long_prefill.py [--model qwen2.5-coder-0.5b]
         [--sizes 2048,8192,16384] [--beside 0,2] [--rounds 1] [--threads 2]
         [--variant NAME='SERVE FLAGS'] [--peer NAME='LLAMA-SERVER FLAGS']
-        [--decode K] [--json]
+        [--decode K] [--tree NAME=DIR] [--against NAME] [--json]
 
 llama-server runs with its defaults (flash attention auto) and the same
 slots and per-slot context as llmctl; it is looked for at $LLAMA_SERVER or
@@ -127,6 +127,28 @@ def measure(url: str, model: str, n_tokens: int, beside: int, seed: int, ctx: in
     return got
 
 
+def _arms(args: argparse.Namespace, path: str, ctx: int, slots: int) -> dict[str, Server]:
+    """The servers, not started: llmctl, its variants and trees, and
+    llama-server with its variants when it is there."""
+    # No prefix cache is involved: every prompt is new from its first token.
+    common = ["--ctx-size", str(ctx), "--max-num-seqs", str(slots), "--threads", str(args.threads)]
+    arms: dict[str, Server] = {"llmctl": Server.llmctl_serve(args.model, *common,
+                                                             startup_timeout=900)}
+    for label, flags in map(variant, args.variant):
+        arms[f"llmctl {label}"] = Server.llmctl_serve(args.model, *common, *flags,
+                                                      startup_timeout=900)
+    for label, tree in (spec.partition("=")[::2] for spec in args.tree):
+        arms[f"llmctl {label}"] = Server.llmctl_serve(args.model, *common, tree=Path(tree),
+                                                      startup_timeout=900)
+    if args.llama_server.exists() and not args.skip_peers:
+        peer = [str(args.llama_server), "-m", path, "--jinja", "-np", str(slots),
+                "-c", str(ctx * slots), "--threads", str(args.threads), "--no-webui"]
+        arms["llama-server"] = Server(peer, startup_timeout=900)
+        for label, flags in map(variant, args.peer):
+            arms[f"llama-server {label}"] = Server(peer + flags, startup_timeout=900)
+    return arms
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
@@ -139,6 +161,11 @@ def main() -> None:
                     help="NAME='LLAMA-SERVER FLAGS': another llama-server arm, e.g. fa-off='-fa off'")
     ap.add_argument("--decode", type=int, default=0,
                     help="also generate this many tokens after a prompt alone: decode tok/s")
+    ap.add_argument("--tree", action="append", default=[],
+                    help="NAME=DIR: one more llmctl arm, run from the source tree DIR")
+    ap.add_argument("--against", action="append", default=[], metavar="NAME",
+                    help="also report every llmctl arm against the llmctl arm NAME "
+                         "(a --variant or --tree name)")
     ap.add_argument("--skip-peers", action="store_true", help="no llama-server arm")
     ap.add_argument("--llama-server", type=Path, default=Path(os.environ.get(
         "LLAMA_SERVER", "/tmp/llama-server-build/bin/llama-server")))
@@ -151,19 +178,10 @@ def main() -> None:
     slots = max(besides) + 1
     ctx = max(sizes) + 512
     path = str(resolve_model(args.model).path)
-    # No prefix cache is involved: every prompt is new from its first token.
-    common = ["--ctx-size", str(ctx), "--max-num-seqs", str(slots), "--threads", str(args.threads)]
-    arms: dict[str, Server] = {"llmctl": Server.llmctl_serve(args.model, *common,
-                                                             startup_timeout=900)}
-    for label, flags in map(variant, args.variant):
-        arms[f"llmctl {label}"] = Server.llmctl_serve(args.model, *common, *flags,
-                                                      startup_timeout=900)
-    if args.llama_server.exists() and not args.skip_peers:
-        peer = [str(args.llama_server), "-m", path, "--jinja", "-np", str(slots),
-                "-c", str(ctx * slots), "--threads", str(args.threads), "--no-webui"]
-        arms["llama-server"] = Server(peer, startup_timeout=900)
-        for label, flags in map(variant, args.peer):
-            arms[f"llama-server {label}"] = Server(peer + flags, startup_timeout=900)
+    arms = _arms(args, path, ctx, slots)
+    against = [f"llmctl {name}" for name in args.against]
+    if not set(against) <= set(arms):
+        ap.error(f"--against: no arm named {', '.join(sorted(set(against) - set(arms)))}")
     rows: list[dict] = []
     try:
         for srv in arms.values():
@@ -182,13 +200,13 @@ def main() -> None:
     finally:
         for srv in arms.values():
             srv.stop()
-    print(json.dumps(summary(rows, list(arms)), indent=None if args.json else 2))
+    print(json.dumps(summary(rows, list(arms), against), indent=None if args.json else 2))
 
 
-def summary(rows: list[dict], arms: list[str]) -> dict:
+def summary(rows: list[dict], arms: list[str], against: list[str] | None = None) -> dict:
     """Median prefill (and decode) tok/s per size, beside count and arm, and
-    each llmctl arm's ratio to each llama-server arm: [median, min, max] of
-    the per-round ratios."""
+    each llmctl arm's ratio to each llama-server arm and to each `against`
+    arm: [median, min, max] of the per-round ratios."""
     out: dict = {"rows": rows, "cells": []}
     keys = sorted({(r["size"], r["beside"]) for r in rows})
     for size, beside in keys:
@@ -201,7 +219,7 @@ def summary(rows: list[dict], arms: list[str]) -> dict:
                 cell[f"{arm} beside tok/s"] = statistics.median(r["beside_tok_s"] for r in got)
             if got and "decode_tok_s" in got[0]:
                 cell[f"{arm} decode tok/s"] = statistics.median(r["decode_tok_s"] for r in got)
-        peers = [a for a in arms if a.startswith("llama-server")]
+        peers = [a for a in arms if a.startswith("llama-server")] + list(against or [])
         for arm in (a for a in arms if a not in peers):
             for peer in peers:
                 for key, what in (("tok_s", ""), ("decode_tok_s", " decode")):
