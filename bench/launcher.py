@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Sequence
 
 import httpx
 
-from llmctl.errors import ServeFailed
+from llmctl.errors import ServeFailed, UsageError
 from llmctl.settings import Settings
 
 STOP_GRACE_S = 20.0
@@ -29,6 +29,17 @@ def variant(spec: str) -> tuple[str, list[str]]:
     Raises ValueError for unbalanced quotes in FLAGS."""
     label, _, flags = spec.partition("=")
     return label, shlex.split(flags)
+
+
+def source_tree(spec: str) -> tuple[str, Path]:
+    """A benchmark arm given as NAME=DIR, a source tree to run llmctl from
+    (Server.llmctl_serve's `tree`): its label and folder. Raises UsageError
+    when DIR holds no llmctl package, where the run would quietly measure
+    the installed one instead."""
+    label, _, tree = spec.partition("=")
+    if not (Path(tree) / "llmctl" / "__init__.py").is_file():
+        raise UsageError(f"--tree {spec}: no llmctl package there")
+    return label, Path(tree)
 
 
 def free_port() -> int:

@@ -37,7 +37,8 @@ from pathlib import Path
 import httpx
 
 from llmctl.bench.client import sse_chunks
-from llmctl.bench.launcher import Server, variant
+from llmctl.bench.launcher import Server, source_tree, variant
+from llmctl.errors import UsageError
 
 WORDS = ("file test module edit read run check branch commit patch diff build lint type "
          "error path line function class import return value config server client").split()
@@ -130,15 +131,16 @@ def measure(url: str, model: str, n_tokens: int, beside: int, seed: int, ctx: in
 def _arms(args: argparse.Namespace, path: str, ctx: int, slots: int) -> dict[str, Server]:
     """The servers, not started: llmctl, its variants and trees, and
     llama-server with its variants when it is there."""
-    # No prefix cache is involved: every prompt is new from its first token.
+    # No prefix-cache hit is involved: every prompt is new from its first
+    # token. The disk store still saves each prompt, as a user's server does.
     common = ["--ctx-size", str(ctx), "--max-num-seqs", str(slots), "--threads", str(args.threads)]
     arms: dict[str, Server] = {"llmctl": Server.llmctl_serve(args.model, *common,
                                                              startup_timeout=900)}
     for label, flags in map(variant, args.variant):
         arms[f"llmctl {label}"] = Server.llmctl_serve(args.model, *common, *flags,
                                                       startup_timeout=900)
-    for label, tree in (spec.partition("=")[::2] for spec in args.tree):
-        arms[f"llmctl {label}"] = Server.llmctl_serve(args.model, *common, tree=Path(tree),
+    for label, tree in map(source_tree, args.tree):
+        arms[f"llmctl {label}"] = Server.llmctl_serve(args.model, *common, tree=tree,
                                                       startup_timeout=900)
     if args.llama_server.exists() and not args.skip_peers:
         peer = [str(args.llama_server), "-m", path, "--jinja", "-np", str(slots),
@@ -178,7 +180,10 @@ def main() -> None:
     slots = max(besides) + 1
     ctx = max(sizes) + 512
     path = str(resolve_model(args.model).path)
-    arms = _arms(args, path, ctx, slots)
+    try:
+        arms = _arms(args, path, ctx, slots)
+    except UsageError as e:
+        ap.error(str(e))
     against = [f"llmctl {name}" for name in args.against]
     if not set(against) <= set(arms):
         ap.error(f"--against: no arm named {', '.join(sorted(set(against) - set(arms)))}")

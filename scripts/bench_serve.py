@@ -46,7 +46,7 @@ from functools import partial
 from pathlib import Path
 
 from llmctl.bench.api import bench
-from llmctl.bench.launcher import Server, http_ok, variant
+from llmctl.bench.launcher import Server, http_ok, source_tree, variant
 from llmctl.errors import UsageError
 from llmctl.runtime.system import default_threads
 from llmctl.store.resolve import resolve_model
@@ -68,10 +68,8 @@ def servers(threads: int, llama_server: Path | None, peers: bool, name: str = "s
     out = {"llmctl serve": partial(Server.llmctl_serve, *ours)}
     for label, flags in map(variant, variants):
         out[f"llmctl serve {label}"] = partial(Server.llmctl_serve, *ours, *flags)
-    for label, tree in (spec.partition("=")[::2] for spec in trees):
-        if not (Path(tree) / "llmctl" / "__init__.py").is_file():
-            raise UsageError(f"--tree {label}={tree}: no llmctl package there")
-        out[f"llmctl serve {label}"] = partial(Server.llmctl_serve, *ours, tree=Path(tree))
+    for label, tree in map(source_tree, trees):
+        out[f"llmctl serve {label}"] = partial(Server.llmctl_serve, *ours, tree=tree)
     if peers and llama_server and llama_server.exists():
         theirs = [str(llama_server), "-m", model, "-np", "16", "-c", str(16 * CTX_PER_SEQ),
                   "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1"]

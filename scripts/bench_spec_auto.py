@@ -45,8 +45,9 @@ from pathlib import Path
 import httpx
 
 from llmctl.bench.client import stream_chat
-from llmctl.bench.launcher import Server, variant
+from llmctl.bench.launcher import Server, source_tree, variant
 from llmctl.bench.spec_tasks import KINDS, TASKS
+from llmctl.errors import UsageError
 from llmctl.store.resolve import resolve_model
 
 CTX = 2048
@@ -263,11 +264,12 @@ def main() -> None:
         name, flags = variant(v)
         OURS[f"llmctl {name}"] = ["--spec", "auto", *flags]
     for spec in args.tree:
-        name, _, tree = spec.partition("=")
-        if not (Path(tree) / "llmctl" / "__init__.py").is_file():
-            sys.exit(f"--tree {spec}: no llmctl package there")
+        try:
+            name, tree = source_tree(spec)
+        except UsageError as e:
+            sys.exit(str(e))
         OURS[f"llmctl {name}"] = ["--spec", "auto", *shlex.split(args.auto_flags)]
-        TREES[f"llmctl {name}"] = Path(tree)
+        TREES[f"llmctl {name}"] = tree
     args.levels = [int(x) for x in args.levels.split(",") if x]
     if args.skip_peers or not args.llama_server.exists():
         args.llama_server = None
