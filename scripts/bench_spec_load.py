@@ -97,7 +97,8 @@ def run(llm: LLM, batch: list[list[int]], concurrency: int, out_tokens: int) -> 
     wall = time.perf_counter() - start
     hooks = sum(TOTALS.get(name, [0.0])[0] for name in ("fill", "learn"))
     return {"tok_s": sum(c.usage.completion_tokens for c in done) / wall,
-            "texts": [c.text for c in done], "steps": TOTALS["_step"][1], "step_s": TOTALS["_step"][0], "hooks_s": hooks,
+            "texts": [c.text for c in done], "steps": TOTALS["_step"][1],
+            "step_s": TOTALS["_step"][0], "hooks_s": hooks,
             "spec_steps": stats.spec_steps - before[0],
             "declined": stats.spec_declined - before[1]}
 
