@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -127,3 +129,17 @@ def qwen_server(home: Path, ctx_size: int = 2048, max_num_seqs: int = 2) -> Iter
         yield srv.wait_ready(600).url
     finally:
         srv.stop()
+
+
+@contextmanager
+def script_module(name: str) -> Iterator[ModuleType]:
+    """scripts/NAME.py, loaded as the module NAME and kept in sys.modules
+    while in use (dataclasses look their module up there)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)

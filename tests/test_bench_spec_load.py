@@ -5,25 +5,15 @@ either way on the exact default."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_spec_load.py"
+from conftest import script_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_spec_load", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_spec_load"] = module
-    try:
-        spec.loader.exec_module(module)
+    with script_module("bench_spec_load") as module:
         yield module
-    finally:
-        sys.modules.pop("bench_spec_load", None)
 
 
 def test_switch_turns_auto_off_and_back(llm, bench, monkeypatch):

@@ -3,28 +3,19 @@ the openai client's own types (no server is started)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import jsonschema
 import pytest
 from openai.types.chat import ChatCompletion
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_tools.py"
+from conftest import script_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_tools", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_tools"] = module  # dataclasses look their module up here
-    try:
-        spec.loader.exec_module(module)
+    with script_module("bench_tools") as module:
         yield module
-    finally:
-        del sys.modules["bench_tools"]
 
 
 def completion(content=None, calls=(), finish="stop") -> ChatCompletion:

@@ -6,16 +6,13 @@ repeats."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import script_module
 from llmctl.runtime.speculation.adaptive import Controller
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_spec_ceiling.py"
 K = 8
 # A step's cost by its rows, in tiers of four as ggml's CPU kernels take them.
 COST = [0.0] + [1.0 + math.ceil((r - 1) / 4) for r in range(1, K + 2)]
@@ -23,14 +20,8 @@ COST = [0.0] + [1.0 + math.ceil((r - 1) / 4) for r in range(1, K + 2)]
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_spec_ceiling", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_spec_ceiling"] = module
-    try:
-        spec.loader.exec_module(module)
+    with script_module("bench_spec_ceiling") as module:
         yield module
-    finally:
-        del sys.modules["bench_spec_ceiling"]
 
 
 def speedups(bench, prompt, answer):
