@@ -139,15 +139,18 @@ endif()
 
 # Batch invariance for K-quant weights in their file's layout (the default's
 # layout, docs/exactness.md): ggml's tiled matmul, which rounds the same in a
-# call of any size, takes every row count, and llmctl's few-row kernel
-# (llama_cpp_tiled_rows.h) computes 1-14 rows of Q4_K and Q6_K, faster than
-# the one-row kernel did, rounding as the tiles do.
+# call of any size, takes every row count, and llmctl's kernels compute
+# Q4_K and Q6_K at 1-14 rows (llama_cpp_tiled_rows.h), or with AVX-512 VNNI
+# at 1-7 and 8-64 (llama_cpp_tiled_lanes.h), faster than the one-row kernel
+# and the tiles, rounding as the tiles do.
 set(_llmctl_tiled "${CMAKE_CURRENT_SOURCE_DIR}/ggml/src/ggml-cpu/tiled/tiled.cpp")
 set(_llmctl_file "${_llmctl_tiled}")
 file(READ "${_llmctl_tiled}" _llmctl_src)
 string(FIND "${_llmctl_src}" "llmctl:" _llmctl_done)
 if(_llmctl_done EQUAL -1)
+  file(READ "${CMAKE_CURRENT_LIST_DIR}/llama_cpp_tiled_lanes.h" _lanes)
   file(READ "${CMAKE_CURRENT_LIST_DIR}/llama_cpp_tiled_rows.h" _code)
+  set(_code "${_lanes}\n${_code}")
   set(_old "template <typename B, int SUBBLK, bool HAS_MIN, int BIAS, bool ACTBIAS>
 static void ggml_compute_forward_mul_mat_tiled_driver(")
   set(_new "${_code}\n${_old}")
@@ -157,7 +160,7 @@ static void ggml_compute_forward_mul_mat_tiled_driver(")
     // This is the size of the first dimension of the result, so we can")
   set(_new "    ggml_barrier(params->threadpool);
 
-    // llmctl: 1-14 rows of Q4_K and Q6_K through llama_cpp_tiled_rows.h.
+    // llmctl: 1-64 rows of Q4_K and Q6_K through llama_cpp_tiled_rows.h.
     if (llmctl_tiled_rows<B>(params, dst,
             (src1->type == vec_dot_type) ? src1->data : params->wdata,
             (src1->type == vec_dot_type) ? (size_t) nb11 : ggml_row_size(vec_dot_type, ne10))) {

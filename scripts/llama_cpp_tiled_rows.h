@@ -11,9 +11,10 @@
 //   r = d0 * float(s1) [- dmin0 * float(s2), fused];  acc = fma(r, d1, acc)
 // block after block, whatever tile the output fell in. Forced to one row it
 // is exact but about 1.4x as slow as vec_dot (a 16-wide microtile mostly
-// padding). This kernel takes 1-14 rows (more are faster in the tiles): it
-// computes the same integers the vec_dot way, straight from the packed
-// blocks, and applies the tiled kernel's float steps.
+// padding). This kernel takes 1-14 rows (more are faster in the tiles), or
+// 1-7 where llama_cpp_tiled_lanes.h takes 8-64 (AVX-512 VNNI): it computes
+// the same integers the vec_dot way, straight from the packed blocks, and
+// applies the tiled kernel's float steps.
 //
 // Exactness: the integer sums are exact (no int16 pair can saturate: 4-bit
 // and 6-bit codes times int8 stay under 2*63*127), so only the float steps
@@ -238,6 +239,20 @@ static bool llmctl_tiled_rows(const struct ggml_compute_params * params, struct 
         const struct ggml_tensor * src0 = dst->src[0];
         const struct ggml_tensor * src1 = dst->src[1];
         const int64_t n = src1->ne[1];
+#ifdef LLMCTL_LANES
+        if (src1->ne[2] == 1 && src1->ne[3] == 1 && src0->ne[2] == 1 && src0->ne[3] == 1) {
+            // 8-64 rows (llama_cpp_tiled_lanes.h), in the tiled kernel's
+            // per-thread workspace, found where its driver finds it
+            char * ws = (char *) params->wdata;
+            if (src1->type != GGML_TYPE_Q8_K) {
+                ws += GGML_PAD(ggml_row_size(GGML_TYPE_Q8_K, ggml_nelements(src1)), 64);
+            }
+            ws = (char *) (((uintptr_t) ws + 63) & ~(uintptr_t) 63);
+            if (llmctl_tiled_lanes<B>(params, dst, wdata, row_size, ws, params->nth*ggml_tiled_ws_size())) {
+                return true;
+            }
+        }
+#endif
         if (n > LLMCTL_GEMV_MAX_ROWS || src1->ne[2] != 1 || src1->ne[3] != 1 ||
             src0->ne[2] != 1 || src0->ne[3] != 1) {
             return false;

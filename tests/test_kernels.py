@@ -3,9 +3,10 @@ through ggml's C API (runtime/llama/ggml_ops.py): a row's result must be
 the same bits whatever the row count and thread count, and close to a
 float64 reference.
 
-K-quant weights in their file's layout: ggml's tiled matmul takes 15+
-activation rows and, in llmctl's build, llmctl's few-row kernel
-(scripts/llama_cpp_tiled_rows.h) takes 1-14. Flash attention: see below.
+K-quant weights in their file's layout: in llmctl's build, llmctl's few-row
+kernel (scripts/llama_cpp_tiled_rows.h) takes 1-14 activation rows, or 1-7
+where its lanes kernel (scripts/llama_cpp_tiled_lanes.h, AVX-512 VNNI) takes
+8-64, and ggml's tiled matmul the rest. Flash attention: see below.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from llmctl.runtime.llama import ggml_ops
 
 TYPES = {"Q4_K": (ggml_ops.Q4_K, GGMLQuantizationType.Q4_K),
          "Q6_K": (ggml_ops.Q6_K, GGMLQuantizationType.Q6_K)}
-ROW_COUNTS = (1, 2, 3, 5, 7, 8, 9, 14, 15, 16, 33)
+# each side of every hand-over: 7|8 and 14|15 (the kernels), 16|17, 32|33
+# and 48|49 (the lanes kernel's registers of rows), 64|65 (the tiles)
+ROW_COUNTS = (1, 2, 3, 5, 7, 8, 9, 14, 15, 16, 17, 32, 33, 48, 49, 64, 65)
 
 
 def _case(seed: int, rows: int, k: int, n: int):
@@ -31,14 +34,15 @@ def _case(seed: int, rows: int, k: int, n: int):
     return w, x
 
 
-# 2304 = 9 blocks of 256: the kernel reduces eight blocks at a time, so this
-# covers a full group and a tail; 1024 is a tail only.
+# 2304 = 9 blocks of 256: the few-row kernel reduces eight blocks at a time,
+# so this covers a full group and a tail; 1024 is a tail only. 78 weight
+# rows: the lanes kernel takes 8, 4 or 2 at a time, so a chunk ends short.
 @pytest.mark.parametrize("k", (1024, 2304))
 @pytest.mark.parametrize("name", sorted(TYPES))
 def test_a_row_is_the_same_bits_at_any_row_and_thread_count(name, k):
     wtype, _ = TYPES[name]
-    w, x = _case(1, 80, k, 40)
-    ref = ggml_ops.matmul(wtype, w, x, threads=1)      # 40 rows: ggml's tiled kernel
+    w, x = _case(1, 78, k, 80)
+    ref = ggml_ops.matmul(wtype, w, x, threads=1)      # 80 rows: ggml's tiled kernel
     for n in ROW_COUNTS:
         for threads in (1, 2):
             got = ggml_ops.matmul(wtype, w, x[:n], threads=threads)
@@ -61,18 +65,18 @@ def _q8_K(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", sorted(TYPES))
-def test_the_few_row_kernel_matches_a_float64_product(name):
+def test_the_matmul_kernels_match_a_float64_product(name):
     """Against float64 with the weights as stored and the activations as
     ggml rounds them: what is left is float32 rounding, under 1e-5 of the
     terms' magnitude. A wrong nibble, scale or block would be far off."""
     wtype, gtype = TYPES[name]
-    w, x = _case(2, 48, 2304, 24)
+    w, x = _case(2, 48, 2304, 72)
     stored = dequantize(np.frombuffer(ggml_ops.quantize(wtype, w), np.uint8).reshape(48, -1),
                         gtype).astype(np.float64)
     xq = _q8_K(x)
     exact = xq @ stored.T
     scale = np.abs(xq) @ np.abs(stored).T
-    for n in (1, 3, 16, 24):    # the few-row kernel, and ggml's tiled one at 24
+    for n in (1, 3, 16, 24, 72):    # every kernel: ggml's tiled one at 72
         got = ggml_ops.matmul(wtype, w, x[:n], threads=2).astype(np.float64)
         err = np.abs(got - exact[:n])
         assert (err <= 1e-5 * scale[:n]).all(), f"{n} rows: worst relative {(err / scale[:n]).max()}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import pathlib
+import time
 
 import llama_cpp
 import numpy as np
@@ -23,6 +24,12 @@ _I64 = ctypes.c_int64
 
 class _InitParams(ctypes.Structure):
     _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", _P), ("no_alloc", ctypes.c_bool)]
+
+
+class _Plan(ctypes.Structure):     # struct ggml_cplan (ggml-cpu.h)
+    _fields_ = [("work_size", ctypes.c_size_t), ("work_data", _P), ("n_threads", ctypes.c_int),
+                ("threadpool", _P), ("abort_callback", _P), ("abort_callback_data", _P),
+                ("use_ref", ctypes.c_bool)]
 
 
 def _bind():
@@ -46,7 +53,8 @@ def _bind():
         (base, "ggml_quantize_chunk"): ([ctypes.c_int, _P, _P, _I64, _I64, _I64, _P],
                                         ctypes.c_size_t),
         (base, "ggml_row_size"): ([ctypes.c_int, _I64], ctypes.c_size_t),
-        (cpu, "ggml_graph_compute_with_ctx"): ([_P, _P, ctypes.c_int], ctypes.c_int),
+        (cpu, "ggml_graph_plan"): ([_P, ctypes.c_int, _P], _Plan),
+        (cpu, "ggml_graph_compute"): ([_P, ctypes.POINTER(_Plan)], ctypes.c_int),
         (cpu, "ggml_cpu_init"): ([], None),
     }
     for (so, name), (args, res) in sigs.items():
@@ -76,19 +84,29 @@ def quantize(wtype: int, w: np.ndarray) -> bytes:
     return out.raw
 
 
-def _run(mem: int, build, threads: int, out: np.ndarray) -> np.ndarray:
+def _run(mem: int, build, threads: int, out: np.ndarray,
+         times: list[float] | None = None) -> np.ndarray:
     """Make a context, let `build(base, ctx)` return the result tensor,
-    compute it on `threads` threads and copy it into `out`."""
+    compute it on `threads` threads and copy it into `out`; with `times`,
+    compute it len(times) times and put each one's seconds there."""
     base, cpu = _libs()
-    ctx = base.ggml_init(_InitParams(mem + (threads + 2) * (1 << 20) + (1 << 20), None, False))
+    ctx = base.ggml_init(_InitParams(mem + (1 << 20), None, False))
     if not ctx:
         raise MemoryError("ggml_init failed")
     try:
         c = build(base, ctx)
         graph = base.ggml_new_graph(ctx)
         base.ggml_build_forward_expand(graph, c)
-        if cpu.ggml_graph_compute_with_ctx(ctx, graph, threads) != 0:
-            raise RuntimeError("ggml_graph_compute_with_ctx failed")
+        # one work buffer for every run, as llama.cpp keeps one
+        plan = cpu.ggml_graph_plan(graph, threads, None)
+        work = ctypes.create_string_buffer(plan.work_size + 64)
+        plan.work_data = (ctypes.addressof(work) + 63) & ~63
+        for i in range(len(times) if times else 1):
+            start = time.perf_counter()
+            if cpu.ggml_graph_compute(graph, ctypes.byref(plan)) != 0:
+                raise RuntimeError("ggml_graph_compute failed")
+            if times:
+                times[i] = time.perf_counter() - start
         ctypes.memmove(out.ctypes.data, base.ggml_get_data(c), out.nbytes)
         return out
     finally:
@@ -102,9 +120,11 @@ def _tensor(base, ctx, ggml_type: int, a: np.ndarray):
     return t
 
 
-def matmul(wtype: int, w: np.ndarray, x: np.ndarray, threads: int = 1) -> np.ndarray:
+def matmul(wtype: int, w: np.ndarray, x: np.ndarray, threads: int = 1,
+           times: list[float] | None = None) -> np.ndarray:
     """x (n, k) times the transpose of w (rows, k), w quantized to `wtype`
-    and kept in its file's layout (never repacked): (n, rows) in float32."""
+    and kept in its file's layout (never repacked): (n, rows) in float32.
+    With `times`, the op runs len(times) times, each timed (_run)."""
     rows, k = w.shape
     n = x.shape[0]
     packed = quantize(wtype, w)
@@ -116,7 +136,7 @@ def matmul(wtype: int, w: np.ndarray, x: np.ndarray, threads: int = 1) -> np.nda
         return base.ggml_mul_mat(ctx, a, _tensor(base, ctx, F32, xs))
 
     return _run(len(packed) + xs.nbytes * 2 + 4 * rows * n, build, threads,
-                np.empty((n, rows), np.float32))
+                np.empty((n, rows), np.float32), times)
 
 
 def flash_attn(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float,
