@@ -262,9 +262,9 @@ DeterministicOpt = Annotated[bool, typer.Option(
          "docs/exactness.md.")]
 RepackOpt = Annotated[bool, typer.Option(
     "--repack", envvar="LLMCTL_REPACK",
-    help="Let ggml repack quantized weights for its own kernels: faster at 15-16 sequences "
-         "of a K-quant 1.5B on 2 cores, but a row then rounds by its batch, so a greedy answer "
-         "may change with the load (docs/exactness.md).")]
+    help="Let ggml repack quantized weights for its own kernels: a one-sequence step of a "
+         "K-quant 1.5B is about 10% faster on some CPUs, but a row then rounds by its batch, so "
+         "a greedy answer may change with the load (docs/exactness.md).")]
 
 
 class Spec(str, Enum):
