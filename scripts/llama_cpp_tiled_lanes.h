@@ -19,6 +19,19 @@
 // has in the tiles and in the few-row kernel (tests/test_kernels.py).
 // Fewer than 8 rows leave most lanes idle and go to the few-row kernel;
 // more than 64 to the tiles (docs/measurements.md has the sweep).
+// A Q4_K block's eight 6-bit scales, then its eight mins, as bytes:
+// utmp[0..1] and utmp[2..3]. Plain C, outside the guard below: the few-row
+// kernel (llama_cpp_tiled_rows.h, which follows this file) decodes with it too.
+static inline void llmctl_q4k_scales(const block_q4_K & x, uint32_t utmp[4]) {
+    static const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+    memcpy(utmp, x.scales, 12);
+    utmp[3] = ((utmp[2] >> 4) & kmask2) | (((utmp[1] >> 6) & kmask3) << 4);
+    const uint32_t uaux = utmp[1] & kmask1;
+    utmp[1] = (utmp[2] & kmask2) | (((utmp[0] >> 6) & kmask3) << 4);
+    utmp[2] = uaux;
+    utmp[0] &= kmask1;
+}
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && \
     defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -72,14 +85,8 @@ struct llmctl_lane_w {
 };
 
 static inline void llmctl_lanes_unpack(const block_q4_K & x, llmctl_lane_w & u) {
-    static const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
     uint32_t utmp[4];
-    memcpy(utmp, x.scales, 12);
-    utmp[3] = ((utmp[2] >> 4) & kmask2) | (((utmp[1] >> 6) & kmask3) << 4);
-    const uint32_t uaux = utmp[1] & kmask1;
-    utmp[1] = (utmp[2] & kmask2) | (((utmp[0] >> 6) & kmask3) << 4);
-    utmp[2] = uaux;
-    utmp[0] &= kmask1;
+    llmctl_q4k_scales(x, utmp);
     _mm256_storeu_si256((__m256i *) u.sc, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *) &utmp[0])));
     _mm_storeu_si128((__m128i *) u.pair, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *) &utmp[2])));
     const __m512i m4 = _mm512_set1_epi8(0xF);

@@ -89,14 +89,8 @@ static inline __attribute__((always_inline)) void llmctl_rows_ints(
 
 static inline void llmctl_ints(const block_q4_K & x, const block_q8_K * const * y, int b, int n,
                                int u, llmctl_block_ints & t) {
-    static const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
     uint32_t utmp[4];
-    memcpy(utmp, x.scales, 12);
-    utmp[3] = ((utmp[2] >> 4) & kmask2) | (((utmp[1] >> 6) & kmask3) << 4);
-    const uint32_t uaux = utmp[1] & kmask1;
-    utmp[1] = (utmp[2] & kmask2) | (((utmp[0] >> 6) & kmask3) << 4);
-    utmp[2] = uaux;
-    utmp[0] &= kmask1;
+    llmctl_q4k_scales(x, utmp);
     // each min twice, for one madd against the sixteen 16-element bsums
     const __m128i m8 = _mm_loadl_epi64((const __m128i *) &utmp[2]);
     const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
@@ -239,9 +233,11 @@ static bool llmctl_tiled_rows(const struct ggml_compute_params * params, struct 
         const struct ggml_tensor * src0 = dst->src[0];
         const struct ggml_tensor * src1 = dst->src[1];
         const int64_t n = src1->ne[1];
+        if (src1->ne[2] != 1 || src1->ne[3] != 1 || src0->ne[2] != 1 || src0->ne[3] != 1) {
+            return false;
+        }
 #ifdef LLMCTL_LANES
-        if (src1->ne[2] == 1 && src1->ne[3] == 1 && src0->ne[2] == 1 && src0->ne[3] == 1) {
-            // 8-64 rows (llama_cpp_tiled_lanes.h), in the tiled kernel's
+        {   // 8-64 rows (llama_cpp_tiled_lanes.h), in the tiled kernel's
             // per-thread workspace, found where its driver finds it
             char * ws = (char *) params->wdata;
             if (src1->type != GGML_TYPE_Q8_K) {
@@ -253,8 +249,7 @@ static bool llmctl_tiled_rows(const struct ggml_compute_params * params, struct 
             }
         }
 #endif
-        if (n > LLMCTL_GEMV_MAX_ROWS || src1->ne[2] != 1 || src1->ne[3] != 1 ||
-            src0->ne[2] != 1 || src0->ne[3] != 1) {
+        if (n > LLMCTL_GEMV_MAX_ROWS) {
             return false;
         }
         const int nb = (int) (src0->ne[0] / QK_K);
