@@ -26,6 +26,11 @@
 
 #define LLMCTL_GEMV_MAX_ROWS 14  // more rows are faster in the tiled kernel
 #define LLMCTL_GEMV_CHUNK 16     // weight rows per work item, at least
+// A step streams every weight from memory once; each block fetches the
+// lines this far ahead, a block's worth at a time. (Whole rows two ahead,
+// in one burst, stalled on long rows: an 8960-wide FFN-down matmul ran
+// 1.3-1.8x slower than ggml's vec_dot on an EPYC, docs/measurements.md.)
+#define LLMCTL_GEMV_AHEAD 2048
 
 // Eight lanes' sums of v[0..8) into the lanes of one vector (lane u = v[u]).
 static inline __m256i llmctl_sum8(const __m256i * v) {
@@ -187,6 +192,10 @@ static void llmctl_row(const B * x, const block_q8_K * const * y, int n, int nb,
     for (int b0 = 0; b0 < nb; b0 += 8) {
         const int g = std::min(8, nb - b0);
         for (int u = 0; u < g; ++u) {
+            const char * ahead = (const char *) (x + b0 + u) + LLMCTL_GEMV_AHEAD;
+            for (size_t o = 0; o < sizeof(B); o += 64) {
+                _mm_prefetch(ahead + o, _MM_HINT_T0);
+            }
             llmctl_ints(x[b0 + u], y, b0 + u, n, u, t);
         }
         for (int u = g; u < 8; ++u) {
@@ -268,14 +277,6 @@ static bool llmctl_tiled_rows(const struct ggml_compute_params * params, struct 
             const int64_t i1 = std::min<int64_t>(nrows, (c + 1)*per);
             for (int64_t i = c*per; i < i1; ++i) {
                 const B * x = (const B *) ((const char *) src0->data + i*src0->nb[1]);
-                // two rows ahead: the hardware prefetcher alone left a
-                // one-row step a quarter slower (docs/measurements.md)
-                if (i + 2 < i1) {
-                    const char * ahead = (const char *) src0->data + (i + 2)*src0->nb[1];
-                    for (size_t o = 0; o < src0->nb[1]; o += 64) {
-                        _mm_prefetch(ahead + o, _MM_HINT_T0);
-                    }
-                }
                 llmctl_row<B>(x, y, (int) n, nb, out);
                 for (int64_t r = 0; r < n; ++r) {
                     *(float *) ((char *) dst->data + i*dst->nb[0] + r*dst->nb[1]) = out[r];
