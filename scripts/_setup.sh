@@ -90,7 +90,7 @@ CMAKE_ARGS="${LLMCTL_CMAKE_ARGS:-$(cmake_args)}"
 # The key names the hook and the kernels it inserts by their content, not
 # their path, so every clone on a machine shares one wheel.
 KEY="$(printf '%s|%s|%s|%s' "$LLAMA_CPP_VERSION" "${CMAKE_ARGS//$SLIM_CMAKE/slim}" \
-  "$(cat "$SLIM_CMAKE" "$REPO"/scripts/llama_cpp_{fa_rows,fa_simd,tiled_rows,tiled_lanes}.h | sha256sum | cut -c1-16)" \
+  "$(cat "$SLIM_CMAKE" "$REPO"/scripts/llama_cpp_{fa_rows,fa_simd,tiled_rows,tiled_lanes,q8k}.h | sha256sum | cut -c1-16)" \
   "$(uname -m)" | sha256sum | cut -c1-16)"
 WHEEL_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/llmctl/wheels/llama_cpp_python-$LLAMA_CPP_VERSION-$KEY"
 

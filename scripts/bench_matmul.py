@@ -7,9 +7,11 @@ build to compare (a directory holding libllama and ggml, as
 LLAMA_CPP_LIB_PATH takes it). Each build runs in a process of its own, the
 order reverses every other round, and every build's outputs are compared
 bit for bit with the first's: llmctl's kernels must round as the tiles do.
+`Q8_K:1xK` times the step before every K-quant matmul instead: n rows of K
+activations converted to Q8_K.
 
     .venv/bin/python scripts/bench_matmul.py [--rows 1,4,8,16,32,64]
-        [--shapes Q4_K:8960x1536,Q6_K:1536x8960] [--threads 2] [--repeat 40]
+        [--shapes Q4_K:8960x1536,Q6_K:1536x8960,Q8_K:1x8960] [--threads 2] [--repeat 40]
         [--rounds 3] [--lib before=/tmp/oldlib] [--json]
 """
 
@@ -30,7 +32,7 @@ from llmctl.runtime.llama import ggml_ops
 # Qwen2.5-Coder-1.5B Q4_K_M: FFN up and gate, FFN down (Q4_K and Q6_K
 # layers), attention Q and output, K and V
 SHAPES = "Q4_K:8960x1536,Q4_K:1536x8960,Q6_K:1536x8960,Q4_K:1536x1536,Q4_K:256x1536,Q6_K:256x1536"
-TYPES = {"Q4_K": ggml_ops.Q4_K, "Q6_K": ggml_ops.Q6_K}
+TYPES = {"Q4_K": ggml_ops.Q4_K, "Q6_K": ggml_ops.Q6_K, "Q8_K": ggml_ops.Q8_K}
 THIS = "this build"
 
 
@@ -40,9 +42,10 @@ def parse_shapes(text: str) -> list[tuple[str, int, int]]:
     for item in text.split(","):
         name, _, dims = item.partition(":")
         rows, _, k = dims.partition("x")
-        if name not in TYPES or not rows.isdigit() or not k.isdigit() or int(k) % 256:
+        if (name not in TYPES or not rows.isdigit() or not k.isdigit() or int(k) % 256
+                or (name == "Q8_K" and rows != "1")):
             raise SystemExit(f"bad shape {item!r}: TYPE:ROWSxK, TYPE one of {sorted(TYPES)}, "
-                             "K a multiple of 256")
+                             "K a multiple of 256, ROWS 1 for Q8_K")
         out.append((name, int(rows), int(k)))
     return out
 
@@ -56,9 +59,12 @@ def measure(shapes, rows_list, threads: int, repeat: int) -> dict:
         x = rng.standard_normal((max(rows_list), k)).astype(np.float32)
         for n in rows_list:
             times = [0.0] * repeat
-            out = ggml_ops.matmul(TYPES[name], w, x[:n], threads=threads, times=times)
+            if name == "Q8_K":   # one thread's conversion of n rows
+                digest.update(ggml_ops.quantize_q8_K(x[:n], times=times))
+            else:
+                out = ggml_ops.matmul(TYPES[name], w, x[:n], threads=threads, times=times)
+                digest.update(out.tobytes())
             ms[f"{name}:{rows}x{k}:{n}"] = 1e3 * statistics.median(times)
-            digest.update(out.tobytes())
     return {"ms": ms, "digest": digest.hexdigest()}
 
 

@@ -174,3 +174,19 @@ static void ggml_compute_forward_mul_mat_tiled_driver(")
   _llmctl_patch(_old _new "the tiled matmul's row floor")
   file(WRITE "${_llmctl_tiled}" "${_llmctl_src}")
 endif()
+
+# Activations to Q8_K, every K-quant matmul's first step, in vectors on
+# x86 where ggml converts one float at a time: byte for byte the scalar
+# reference's output (llama_cpp_q8k.h; tests/test_kernels.py).
+set(_llmctl_q8k "${CMAKE_CURRENT_SOURCE_DIR}/ggml/src/ggml-cpu/arch/x86/quants.c")
+set(_llmctl_file "${_llmctl_q8k}")
+file(READ "${_llmctl_q8k}" _llmctl_src)
+string(FIND "${_llmctl_src}" "llmctl:" _llmctl_done)
+if(_llmctl_done EQUAL -1)
+  file(READ "${CMAKE_CURRENT_LIST_DIR}/llama_cpp_q8k.h" _new)
+  set(_old "void quantize_row_q8_K(const float * GGML_RESTRICT x, void * GGML_RESTRICT y, int64_t k) {
+    quantize_row_q8_K_ref(x, y, k);
+}")
+  _llmctl_patch(_old _new "x86 quantize_row_q8_K")
+  file(WRITE "${_llmctl_q8k}" "${_llmctl_src}")
+endif()

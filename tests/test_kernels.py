@@ -6,7 +6,8 @@ float64 reference.
 K-quant weights in their file's layout: in llmctl's build, llmctl's few-row
 kernel (scripts/llama_cpp_tiled_rows.h) takes 1-14 activation rows, or 1-7
 where its lanes kernel (scripts/llama_cpp_tiled_lanes.h, AVX-512 VNNI) takes
-8-64, and ggml's tiled matmul the rest. Flash attention: see below.
+8-64, and ggml's tiled matmul the rest; the activations reach them as Q8_K
+through scripts/llama_cpp_q8k.h on x86. Flash attention: see below.
 """
 
 from __future__ import annotations
@@ -48,6 +49,37 @@ def test_a_row_is_the_same_bits_at_any_row_and_thread_count(name, k):
             got = ggml_ops.matmul(wtype, w, x[:n], threads=threads)
             diff = np.abs(got - ref[:n]).max()
             assert np.array_equal(got, ref[:n]), f"{n} rows, {threads} threads: off by {diff}"
+
+
+def _hostile_rows() -> np.ndarray:
+    """Blocks of 256 that probe each rule of quantize_row_q8_K_ref."""
+    rng = np.random.default_rng(5)
+    rows = np.stack([rng.standard_normal(256) for _ in range(9)] + [np.zeros(256)]).astype(np.float32)
+    rows[:4] *= np.array([1e-3, 1.0, 30.0, 1e4], np.float32)[:, None]
+    rows[4, [9, 200]] = (-5.0, 5.0)              # the first of equal |max| wins
+    rows[5] = 0.5
+    rows[5, 0] = -127.0                          # products at exact halves
+    rows[5, 1::7] = np.arange(1, 38) + 0.5
+    rows[6, [3, 100]] = np.nan                   # NaNs are skipped for the max
+    rows[6].view(np.uint32)[4] = 0x7FA12345      # a signalling NaN with a payload
+    rows[7, 17] = np.inf
+    rows[8] *= np.float32(1e-39)                 # a scale past float's range
+    rows[8, :2] = 0.0
+    return np.concatenate([rows, -rows[9:]])     # and a block of -0.0
+
+
+def test_the_q8_K_conversion_writes_the_reference_bytes():
+    """llmctl's vectorized x86 quantize_row_q8_K (scripts/llama_cpp_q8k.h)
+    against ggml's scalar reference, byte for byte, a block's sums
+    included: random rows of every scale, then hostile ones."""
+    rng = np.random.default_rng(4)
+    rows = [rng.standard_normal(2304) * rng.uniform(1e-3, 1e3) for _ in range(40)]
+    rows += list(_hostile_rows())
+    for i, row in enumerate(rows):
+        for fill in (0, 0xA5):
+            ref = ggml_ops.quantize_q8_K(row, reference=True, fill=fill)
+            got = ggml_ops.quantize_q8_K(row, fill=fill)
+            assert got == ref, f"row {i}, fill {fill:#x}"
 
 
 def _q8_K(x: np.ndarray) -> np.ndarray:

@@ -124,7 +124,8 @@ def test_a_set_up_venv_is_silent_and_runs_no_pip(tmp_path):
 def _copy_setup(repo):
     (repo / "scripts").mkdir(parents=True, exist_ok=True)
     for name in ("_setup.sh", "setup_progress.py", "llama_cpp_slim.cmake", "llama_cpp_fa_rows.h",
-                 "llama_cpp_fa_simd.h", "llama_cpp_tiled_rows.h", "llama_cpp_tiled_lanes.h"):
+                 "llama_cpp_fa_simd.h", "llama_cpp_tiled_rows.h", "llama_cpp_tiled_lanes.h",
+                 "llama_cpp_q8k.h"):
         shutil.copy(REPO / "scripts" / name, repo / "scripts" / name)
     shutil.copy(REPO / "pyproject.toml", repo / "pyproject.toml")
 
@@ -149,7 +150,7 @@ def test_the_wheel_key_follows_the_patches_content_not_their_path(tmp_path):
     key = _wheel_key(a, tmp_path)
     assert len(key) == 16 and _wheel_key(b, tmp_path) == key
     for name in ("llama_cpp_slim.cmake", "llama_cpp_fa_rows.h", "llama_cpp_fa_simd.h",
-                 "llama_cpp_tiled_rows.h", "llama_cpp_tiled_lanes.h"):
+                 "llama_cpp_tiled_rows.h", "llama_cpp_tiled_lanes.h", "llama_cpp_q8k.h"):
         with open(b / "scripts" / name, "a") as f:
             f.write("\n")
         changed = _wheel_key(b, tmp_path)

@@ -16,7 +16,7 @@ import numpy as np
 from llmctl.native import library_path
 
 # ggml's type ids (ggml.h)
-F32, F16, Q4_K, Q6_K = 0, 1, 12, 14
+F32, F16, Q4_K, Q6_K, Q8_K = 0, 1, 12, 14, 15
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -56,6 +56,8 @@ def _bind():
         (cpu, "ggml_graph_plan"): ([_P, ctypes.c_int, _P], _Plan),
         (cpu, "ggml_graph_compute"): ([_P, ctypes.POINTER(_Plan)], ctypes.c_int),
         (cpu, "ggml_cpu_init"): ([], None),
+        (cpu, "quantize_row_q8_K"): ([_P, _P, _I64], None),
+        (base, "quantize_row_q8_K_ref"): ([_P, _P, _I64], None),
     }
     for (so, name), (args, res) in sigs.items():
         fn = getattr(so, name)
@@ -81,6 +83,25 @@ def quantize(wtype: int, w: np.ndarray) -> bytes:
     rows, k = w.shape
     out = ctypes.create_string_buffer(base.ggml_row_size(wtype, k) * rows)
     base.ggml_quantize_chunk(wtype, w.ctypes.data, out, 0, rows, k, None)
+    return out.raw
+
+
+def quantize_q8_K(x: np.ndarray, *, reference: bool = False, fill: int = 0,
+                  times: list[float] | None = None) -> bytes:
+    """Activations as every K-quant matmul first converts them: the CPU
+    backend's quantize_row_q8_K, or with `reference` ggml's scalar
+    quantize_row_q8_K_ref. The output starts as `fill` bytes (a block of
+    zeros leaves its sums as they were); with `times`, the conversion runs
+    len(times) times and each one's seconds go there."""
+    base, cpu = _libs()
+    x = np.ascontiguousarray(x, dtype=np.float32).ravel()
+    out = ctypes.create_string_buffer(bytes([fill]) * base.ggml_row_size(Q8_K, x.size))
+    fn = base.quantize_row_q8_K_ref if reference else cpu.quantize_row_q8_K
+    for i in range(len(times) if times else 1):
+        start = time.perf_counter()
+        fn(x.ctypes.data, out, x.size)
+        if times:
+            times[i] = time.perf_counter() - start
     return out.raw
 
 
