@@ -97,12 +97,17 @@ def quantize_q8_K(x: np.ndarray, *, reference: bool = False, fill: int = 0,
     x = np.ascontiguousarray(x, dtype=np.float32).ravel()
     out = ctypes.create_string_buffer(bytes([fill]) * base.ggml_row_size(Q8_K, x.size))
     fn = base.quantize_row_q8_K_ref if reference else cpu.quantize_row_q8_K
+    _repeat(lambda: fn(x.ctypes.data, out, x.size), times)
+    return out.raw
+
+
+def _repeat(call, times: list[float] | None) -> None:
+    """call() once, or len(times) times with each one's seconds in times."""
     for i in range(len(times) if times else 1):
         start = time.perf_counter()
-        fn(x.ctypes.data, out, x.size)
+        call()
         if times:
             times[i] = time.perf_counter() - start
-    return out.raw
 
 
 def _run(mem: int, build, threads: int, out: np.ndarray,
@@ -122,12 +127,12 @@ def _run(mem: int, build, threads: int, out: np.ndarray,
         plan = cpu.ggml_graph_plan(graph, threads, None)
         work = ctypes.create_string_buffer(plan.work_size + 64)
         plan.work_data = (ctypes.addressof(work) + 63) & ~63
-        for i in range(len(times) if times else 1):
-            start = time.perf_counter()
+
+        def compute():
             if cpu.ggml_graph_compute(graph, ctypes.byref(plan)) != 0:
                 raise RuntimeError("ggml_graph_compute failed")
-            if times:
-                times[i] = time.perf_counter() - start
+
+        _repeat(compute, times)
         ctypes.memmove(out.ctypes.data, base.ggml_get_data(c), out.nbytes)
         return out
     finally:
