@@ -48,17 +48,44 @@ def library_path() -> Path | None:
     return lib if lib.is_file() else None
 
 
+def _ggml_beside(lib: Path) -> list[Path]:
+    """ggml's libraries in libllama's folder, each after those it needs."""
+    rest = sorted(p for p in lib.parent.glob("libggml-*.so") if p.name != "libggml-base.so")
+    named = [lib.parent / "libggml-base.so", *rest, lib.parent / "libggml.so"]
+    return [p for p in named if p.is_file()]
+
+
 def load_library() -> bool:
     """Map libllama now. Returns whether it loaded; raises nothing
-    (llama_cpp's own import reports a broken library properly)."""
+    (llama_cpp's own import reports a broken library properly).
+
+    With LLAMA_CPP_LIB_PATH, ggml's libraries in that folder are mapped
+    first: libllama finds its ggml by soname, and one already mapped wins.
+    Without that, a copy of a build folder (a build kept aside to compare)
+    ran the ggml its RUNPATH named, the build's own folder, which by then
+    held another build."""
     lib = library_path()
     if lib is None:
         return False
     try:
+        if os.environ.get("LLAMA_CPP_LIB_PATH"):
+            for dep in _ggml_beside(lib):
+                ctypes.CDLL(str(dep))
         ctypes.CDLL(str(lib))
     except OSError:
         return False
     return True
+
+
+def mapped_libraries() -> list[Path]:
+    """The files of llama.cpp's libraries mapped into this process."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split(None, 5)[-1].strip() for line in maps if ".so" in line}
+    except OSError:
+        return []
+    return sorted(Path(p) for p in paths
+                  if Path(p).name.startswith(("libllama.so", "libggml")))
 
 
 class _LlamaBeforeNumpy(importlib.abc.MetaPathFinder):

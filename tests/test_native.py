@@ -7,9 +7,12 @@ on this CPU build."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+
+from llmctl.native import library_path
 
 ORDER = textwrap.dedent('''
     import ctypes
@@ -53,3 +56,41 @@ def test_the_help_loads_neither():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.stderr.strip().splitlines()[-1] == "False False", out.stderr
+
+
+MAPPED = textwrap.dedent('''
+    import llmctl, numpy, llama_cpp
+    from llmctl import native
+    llama_cpp.llama_backend_init()
+    print("\\n".join(str(p.parent.name) for p in native.mapped_libraries()))
+''')
+
+
+def _build_copies(tmp_path):
+    """Two copies of this build's libraries: "other", and "asked", whose
+    libraries look for theirs in ./other, as a build folder copied aside
+    looks in the folder it was built in (its RUNPATH)."""
+    lib = library_path().parent
+    other, asked = tmp_path / "other", tmp_path / "asked"
+    shutil.copytree(lib, other)
+    asked.mkdir()
+    for f in lib.iterdir():
+        data = f.read_bytes()
+        assert data.count(b"$ORIGIN\0") <= 1, f.name
+        (asked / f.name).write_bytes(data.replace(b"$ORIGIN\0", b"./other\0"))
+    return asked
+
+
+def _mapped(tmp_path, asked, **env: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", MAPPED], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path,
+                         env={**os.environ, "LLAMA_CPP_LIB_PATH": str(asked), **env})
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split())
+
+
+def test_a_build_folder_copied_aside_runs_its_own_ggml(tmp_path):
+    asked = _build_copies(tmp_path)
+    assert _mapped(tmp_path, asked) == {"asked"}
+    # without the preload the copy's libllama ran the other folder's ggml
+    assert "other" in _mapped(tmp_path, asked, LLMCTL_NO_PRELOAD="1")
