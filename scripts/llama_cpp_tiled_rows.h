@@ -58,36 +58,22 @@ struct llmctl_block_ints {
 };
 
 #ifdef LLMCTL_512
-typedef __m512i llmctl_vec;     // two 32-element groups per vector
-#else
-typedef __m256i llmctl_vec;
-#endif
-
 // For each activation row r, block b into slot u: s[r][u], eight lanes
 // that sum to sum_k scale_k * (codes_k . a_k) (q: a block's unsigned codes,
 // sv: each group's scale in int16 lanes), and m[r][u], lanes that sum to
 // the sixteen bsums weighted by bw.
 // (always_inline: without it, GCC compiled 5-row steps 6% slower.)
 static inline __attribute__((always_inline)) void llmctl_rows_ints(
-        const llmctl_vec * q, const llmctl_vec * sv, __m256i bw, const block_q8_K * const * y,
+        const __m512i * q, const __m512i * sv, __m256i bw, const block_q8_K * const * y,
         int b, int n, int u, llmctl_block_ints & t) {
     for (int r = 0; r < n; ++r) {
         const block_q8_K & a = y[r][b];
-#ifdef LLMCTL_512
         __m512i s = _mm512_setzero_si512();
         for (int j = 0; j < 4; ++j) {
             const __m512i p = _mm512_maddubs_epi16(q[j], _mm512_loadu_si512(a.qs + 64*j));
             s = _mm512_add_epi32(s, _mm512_madd_epi16(sv[j], p));
         }
         t.s[r][u] = llmctl_fold(s);
-#else
-        __m256i s = _mm256_setzero_si256();
-        for (int k = 0; k < 8; ++k) {
-            const __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *) (a.qs + 32*k)));
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(sv[k], p));
-        }
-        t.s[r][u] = s;
-#endif
         t.m[r][u] = _mm256_madd_epi16(bw, _mm256_loadu_si256((const __m256i *) a.bsums));
     }
 }
@@ -100,7 +86,6 @@ static inline void llmctl_ints(const block_q4_K & x, const block_q8_K * const * 
     const __m128i m8 = _mm_loadl_epi64((const __m128i *) &utmp[2]);
     const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
     const __m128i sc = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *) &utmp[0]));
-#ifdef LLMCTL_512
     // pair j: elements 64j..64j+63, the low then the high nibbles of qs[32j..32j+31]
     const __m512i m4 = _mm512_set1_epi8(0xF);
     const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
@@ -111,27 +96,14 @@ static inline void llmctl_ints(const block_q4_K & x, const block_q8_K * const * 
         const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi16(2*j), _mm256_set1_epi16(2*j + 1), 1);
         sv[j] = _mm512_permutexvar_epi16(idx, _mm512_castsi128_si512(sc));
     }
-#else
-    const __m256i m4 = _mm256_set1_epi8(0xF);
-    __m256i q4[8], sv[8];
-    for (int j = 0; j < 4; ++j) {
-        const __m256i bits = _mm256_loadu_si256((const __m256i *) (x.qs + 32*j));
-        q4[2*j] = _mm256_and_si256(bits, m4);
-        q4[2*j + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-        sv[2*j] = _mm256_set1_epi16((int16_t) _mm_extract_epi16(sc, 2*j));
-        sv[2*j + 1] = _mm256_set1_epi16((int16_t) _mm_extract_epi16(sc, 2*j + 1));
-    }
-#endif
     t.d0[u] = _cvtsh_ss(x.data.data.d);
     t.dmin[u] = _cvtsh_ss(x.data.data.dmin);
     llmctl_rows_ints(q4, sv, mins, y, b, n, u, t);
 }
-
 // Q6_K: codes 0..63 (the stored value + 32); scale k covers elements 16k..16k+15.
 static inline void llmctl_ints(const block_q6_K & x, const block_q8_K * const * y, int b, int n,
                                int u, llmctl_block_ints & t) {
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *) x.scales));
-#ifdef LLMCTL_512
     // quarter p: elements 64p..64p+63, scales 4p..4p+3 (eight int16 lanes each)
     const __m512i m4 = _mm512_set1_epi8(0xF), m2 = _mm512_set1_epi8(3);
     const __m512i sh02 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
@@ -152,41 +124,133 @@ static inline void llmctl_ints(const block_q6_K & x, const block_q8_K * const * 
         sv[p] = _mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_set1_epi16(4*p), lane8),
                                          _mm512_castsi256_si512(sc16));
     }
+    t.d0[u] = _cvtsh_ss(x.d);
+    t.dmin[u] = 0.0f;
+    llmctl_rows_ints(q6, sv, sc16, y, b, n, u, t);
+}
+
 #else
+// Scale k of the eight int16 scales in each half of sc, in every lane.
+static inline __m256i llmctl_scale16(__m256i sc, int k) {
+    return _mm256_shuffle_epi8(sc, _mm256_set1_epi16((int16_t) (0x0100 + 0x0202*k)));
+}
+
+// AVX2 alone has half the lanes and 16 registers: a weight block kept whole
+// with its scale vectors spilled to the stack, and every step then waited on
+// it (Qwen2.5-Coder-1.5B's one-row step took 1.6x as long as with ggml's
+// repacked GEMV, docs/measurements.md). So each 64-code
+// slice is unpacked once and used at once by up to four rows, whose sums stay
+// in registers, with each scale vector one byte shuffle of a register.
+template <int R>
+static inline __attribute__((always_inline)) void llmctl_q4k_rows(
+        const block_q4_K & x, __m256i sc, const block_q8_K * const * y, int b, __m256i * s) {
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    for (int r = 0; r < R; ++r) {
+        s[r] = _mm256_setzero_si256();
+    }
+    for (int j = 0; j < 4; ++j) {
+        const __m256i bits = _mm256_loadu_si256((const __m256i *) (x.qs + 32*j));
+        const __m256i lo = _mm256_and_si256(bits, m4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+        const __m256i sl = llmctl_scale16(sc, 2*j), sh = llmctl_scale16(sc, 2*j + 1);
+        for (int r = 0; r < R; ++r) {
+            const int8_t * a = y[r][b].qs + 64*j;
+            const __m256i pl = _mm256_madd_epi16(sl, _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *) a)));
+            const __m256i ph = _mm256_madd_epi16(sh, _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *) (a + 32))));
+            s[r] = _mm256_add_epi32(s[r], _mm256_add_epi32(pl, ph));
+        }
+    }
+}
+
+static inline void llmctl_ints(const block_q4_K & x, const block_q8_K * const * y, int b, int n,
+                               int u, llmctl_block_ints & t) {
+    uint32_t utmp[4];
+    llmctl_q4k_scales(x, utmp);
+    const __m128i m8 = _mm_loadl_epi64((const __m128i *) &utmp[2]);
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+    const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *) &utmp[0])));
+    t.d0[u] = _cvtsh_ss(x.data.data.d);
+    t.dmin[u] = _cvtsh_ss(x.data.data.dmin);
+    for (int r0 = 0; r0 < n; r0 += 4) {
+        __m256i s[4];
+        const int k = std::min(4, n - r0);
+        switch (k) {
+            case 1: llmctl_q4k_rows<1>(x, sc, y + r0, b, s); break;
+            case 2: llmctl_q4k_rows<2>(x, sc, y + r0, b, s); break;
+            case 3: llmctl_q4k_rows<3>(x, sc, y + r0, b, s); break;
+            default: llmctl_q4k_rows<4>(x, sc, y + r0, b, s); break;
+        }
+        for (int r = 0; r < k; ++r) {
+            t.s[r0 + r][u] = s[r];
+            t.m[r0 + r][u] = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *) y[r0 + r][b].bsums));
+        }
+    }
+}
+// Q6_K: codes 0..63 (the stored value + 32); scale k covers elements 16k..16k+15.
+// codes q of elements 32g..32g+31 (g = 4h + i) times row r's activations,
+// with scale 2g on the first sixteen and 2g+1 on the rest
+template <int R>
+static inline __attribute__((always_inline)) void llmctl_q6k_rows(
+        const block_q6_K & x, const __m256i * sch, const block_q8_K * const * y, int b, __m256i * s) {
     const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
-    __m256i q6[8], sv[8];
+    for (int r = 0; r < R; ++r) {
+        s[r] = _mm256_setzero_si256();
+    }
     for (int h = 0; h < 2; ++h) {
         const uint8_t * ql = x.ql + 64*h;
         const __m256i l0 = _mm256_loadu_si256((const __m256i *) ql);
         const __m256i l1 = _mm256_loadu_si256((const __m256i *) (ql + 32));
         const __m256i qh = _mm256_loadu_si256((const __m256i *) (x.qh + 32*h));
-        q6[4*h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                      _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-        q6[4*h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                      _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-        q6[4*h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                      _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-        q6[4*h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                      _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+        for (int i = 0; i < 4; ++i) {
+            const __m256i l = (i & 1) ? l1 : l0;
+            const __m256i q = _mm256_or_si256(
+                _mm256_and_si256(i < 2 ? l : _mm256_srli_epi16(l, 4), m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2*i), m2), 4));
+            const __m256i sv = _mm256_shuffle_epi8(sch[h], _mm256_set_m128i(
+                _mm_set1_epi16((int16_t) (0x0100 + 0x0202*(2*i + 1))),
+                _mm_set1_epi16((int16_t) (0x0100 + 0x0202*(2*i)))));
+            for (int r = 0; r < R; ++r) {
+                const __m256i a = _mm256_loadu_si256((const __m256i *) (y[r][b].qs + 128*h + 32*i));
+                s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(sv, _mm256_maddubs_epi16(q, a)));
+            }
+        }
     }
-    for (int g = 0; g < 8; ++g) {   // group g: scales 2g (low half) and 2g+1 (high half)
-        sv[g] = _mm256_set_m128i(_mm_set1_epi16((int16_t) (int8_t) x.scales[2*g + 1]),
-                                 _mm_set1_epi16((int16_t) (int8_t) x.scales[2*g]));
-    }
-#endif
+}
+
+static inline void llmctl_ints(const block_q6_K & x, const block_q8_K * const * y, int b, int n,
+                               int u, llmctl_block_ints & t) {
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *) x.scales));
+    // scales 0-7 in both halves, then 8-15: 128 elements each
+    const __m256i sch[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00),
+                            _mm256_permute2x128_si256(sc16, sc16, 0x11)};
     t.d0[u] = _cvtsh_ss(x.d);
     t.dmin[u] = 0.0f;
-    llmctl_rows_ints(q6, sv, sc16, y, b, n, u, t);
+    for (int r0 = 0; r0 < n; r0 += 4) {
+        __m256i s[4];
+        const int k = std::min(4, n - r0);
+        switch (k) {
+            case 1: llmctl_q6k_rows<1>(x, sch, y + r0, b, s); break;
+            case 2: llmctl_q6k_rows<2>(x, sch, y + r0, b, s); break;
+            case 3: llmctl_q6k_rows<3>(x, sch, y + r0, b, s); break;
+            default: llmctl_q6k_rows<4>(x, sch, y + r0, b, s); break;
+        }
+        for (int r = 0; r < k; ++r) {
+            t.s[r0 + r][u] = s[r];
+            t.m[r0 + r][u] = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *) y[r0 + r][b].bsums));
+        }
+    }
 }
+#endif
 
 // One weight row times n activation rows into out[r], eight blocks at a
 // time: their integer sums reduced together, then the tiled kernel's float
 // steps, which are per lane the same in a vector (r = d0*float(s1), Q4_K's
 // fused - dmin*float(s2)), and the fused acc = fma(r, d1, acc) block by
 // block, in order, as the tiles accumulate.
-template <typename B>
-static void llmctl_row(const B * x, const block_q8_K * const * y, int n, int nb, float * out) {
+template <typename B, int N>
+static void llmctl_row(const B * x, const block_q8_K * const * y, int n_any, int nb, float * out) {
     constexpr bool q4 = std::is_same<B, block_q4_K>::value;
+    const int n = N ? N : n_any;  // N: the row count known when compiled
     llmctl_block_ints t;
     float acc[LLMCTL_GEMV_MAX_ROWS] = {0};
     for (int b0 = 0; b0 < nb; b0 += 8) {
@@ -225,6 +289,23 @@ static void llmctl_row(const B * x, const block_q8_K * const * y, int n, int nb,
         }
     }
     memcpy(out, acc, n*sizeof(float));
+}
+
+// On AVX2, 1-4 rows with the count compiled in, so that GCC unrolls the row
+// loops and keeps a block's sums in registers. With AVX-512 it made no
+// difference, or lost (scripts/bench_matmul.py).
+template <typename B>
+static inline void llmctl_row_n(const B * x, const block_q8_K * const * y, int n, int nb, float * out) {
+#ifndef LLMCTL_512
+    switch (n) {
+        case 1: llmctl_row<B, 1>(x, y, 1, nb, out); return;
+        case 2: llmctl_row<B, 2>(x, y, 2, nb, out); return;
+        case 3: llmctl_row<B, 3>(x, y, 3, nb, out); return;
+        case 4: llmctl_row<B, 4>(x, y, 4, nb, out); return;
+        default: break;
+    }
+#endif
+    llmctl_row<B, 0>(x, y, n, nb, out);
 }
 
 // The whole op for 1..LLMCTL_GEMV_MAX_ROWS activation rows of a 2-D matmul
@@ -277,7 +358,7 @@ static bool llmctl_tiled_rows(const struct ggml_compute_params * params, struct 
             const int64_t i1 = std::min<int64_t>(nrows, (c + 1)*per);
             for (int64_t i = c*per; i < i1; ++i) {
                 const B * x = (const B *) ((const char *) src0->data + i*src0->nb[1]);
-                llmctl_row<B>(x, y, (int) n, nb, out);
+                llmctl_row_n<B>(x, y, (int) n, nb, out);
                 for (int64_t r = 0; r < n; ++r) {
                     *(float *) ((char *) dst->data + i*dst->nb[0] + r*dst->nb[1]) = out[r];
                 }
