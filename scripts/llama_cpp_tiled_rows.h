@@ -135,12 +135,33 @@ static inline __m256i llmctl_scale16(__m256i sc, int k) {
     return _mm256_shuffle_epi8(sc, _mm256_set1_epi16((int16_t) (0x0100 + 0x0202*k)));
 }
 
+// Rows of block b into slot u in groups of up to four: rows(R, y, s) sets a
+// group's sums s[0..R), then m is each row's bsums weighted by bw.
+template <typename F>
+static inline __attribute__((always_inline)) void llmctl_row_groups(
+        F rows, __m256i bw, const block_q8_K * const * y, int b, int n, int u, llmctl_block_ints & t) {
+    for (int r0 = 0; r0 < n; r0 += 4) {
+        __m256i s[4];
+        const int k = std::min(4, n - r0);
+        switch (k) {
+            case 1: rows(std::integral_constant<int, 1>(), y + r0, s); break;
+            case 2: rows(std::integral_constant<int, 2>(), y + r0, s); break;
+            case 3: rows(std::integral_constant<int, 3>(), y + r0, s); break;
+            default: rows(std::integral_constant<int, 4>(), y + r0, s); break;
+        }
+        for (int r = 0; r < k; ++r) {
+            t.s[r0 + r][u] = s[r];
+            t.m[r0 + r][u] = _mm256_madd_epi16(bw, _mm256_loadu_si256((const __m256i *) y[r0 + r][b].bsums));
+        }
+    }
+}
+
 // AVX2 alone has half the lanes and 16 registers: a weight block kept whole
 // with its scale vectors spilled to the stack, and every step then waited on
 // it (Qwen2.5-Coder-1.5B's one-row step took 1.6x as long as with ggml's
-// repacked GEMV, docs/measurements.md). So each 64-code
-// slice is unpacked once and used at once by up to four rows, whose sums stay
-// in registers, with each scale vector one byte shuffle of a register.
+// repacked GEMV, docs/measurements.md). So each 64-code slice is unpacked
+// once and used at once by up to four rows, whose sums stay in registers,
+// with each scale vector one byte shuffle of a register.
 template <int R>
 static inline __attribute__((always_inline)) void llmctl_q4k_rows(
         const block_q4_K & x, __m256i sc, const block_q8_K * const * y, int b, __m256i * s) {
@@ -171,24 +192,14 @@ static inline void llmctl_ints(const block_q4_K & x, const block_q8_K * const * 
     const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *) &utmp[0])));
     t.d0[u] = _cvtsh_ss(x.data.data.d);
     t.dmin[u] = _cvtsh_ss(x.data.data.dmin);
-    for (int r0 = 0; r0 < n; r0 += 4) {
-        __m256i s[4];
-        const int k = std::min(4, n - r0);
-        switch (k) {
-            case 1: llmctl_q4k_rows<1>(x, sc, y + r0, b, s); break;
-            case 2: llmctl_q4k_rows<2>(x, sc, y + r0, b, s); break;
-            case 3: llmctl_q4k_rows<3>(x, sc, y + r0, b, s); break;
-            default: llmctl_q4k_rows<4>(x, sc, y + r0, b, s); break;
-        }
-        for (int r = 0; r < k; ++r) {
-            t.s[r0 + r][u] = s[r];
-            t.m[r0 + r][u] = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *) y[r0 + r][b].bsums));
-        }
-    }
+    llmctl_row_groups([&](auto R, const block_q8_K * const * yr, __m256i * s) __attribute__((always_inline)) {
+        llmctl_q4k_rows<decltype(R)::value>(x, sc, yr, b, s);
+    }, mins, y, b, n, u, t);
 }
-// Q6_K: codes 0..63 (the stored value + 32); scale k covers elements 16k..16k+15.
-// codes q of elements 32g..32g+31 (g = 4h + i) times row r's activations,
-// with scale 2g on the first sixteen and 2g+1 on the rest
+
+// Q6_K: codes 0..63 (the stored value + 32); scale k covers elements
+// 16k..16k+15. Codes q of elements 32g..32g+31 (g = 4h + i) times each row's
+// activations, with scale 2g on the first sixteen and 2g+1 on the rest.
 template <int R>
 static inline __attribute__((always_inline)) void llmctl_q6k_rows(
         const block_q6_K & x, const __m256i * sch, const block_q8_K * const * y, int b, __m256i * s) {
@@ -225,20 +236,9 @@ static inline void llmctl_ints(const block_q6_K & x, const block_q8_K * const * 
                             _mm256_permute2x128_si256(sc16, sc16, 0x11)};
     t.d0[u] = _cvtsh_ss(x.d);
     t.dmin[u] = 0.0f;
-    for (int r0 = 0; r0 < n; r0 += 4) {
-        __m256i s[4];
-        const int k = std::min(4, n - r0);
-        switch (k) {
-            case 1: llmctl_q6k_rows<1>(x, sch, y + r0, b, s); break;
-            case 2: llmctl_q6k_rows<2>(x, sch, y + r0, b, s); break;
-            case 3: llmctl_q6k_rows<3>(x, sch, y + r0, b, s); break;
-            default: llmctl_q6k_rows<4>(x, sch, y + r0, b, s); break;
-        }
-        for (int r = 0; r < k; ++r) {
-            t.s[r0 + r][u] = s[r];
-            t.m[r0 + r][u] = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *) y[r0 + r][b].bsums));
-        }
-    }
+    llmctl_row_groups([&](auto R, const block_q8_K * const * yr, __m256i * s) __attribute__((always_inline)) {
+        llmctl_q6k_rows<decltype(R)::value>(x, sch, yr, b, s);
+    }, sc16, y, b, n, u, t);
 }
 #endif
 
