@@ -57,6 +57,20 @@ struct llmctl_block_ints {
     alignas(32) float dmin[8];
 };
 
+// A Q4_K block's eight scales in int16 lanes, its mins each twice (for one
+// madd against the sixteen 16-element bsums) into mins, and its d and dmin
+// into slot u.
+static inline __m128i llmctl_q4k_head(const block_q4_K & x, int u, llmctl_block_ints & t,
+                                      __m256i & mins) {
+    uint32_t utmp[4];
+    llmctl_q4k_scales(x, utmp);
+    const __m128i m8 = _mm_loadl_epi64((const __m128i *) &utmp[2]);
+    mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+    t.d0[u] = _cvtsh_ss(x.data.data.d);
+    t.dmin[u] = _cvtsh_ss(x.data.data.dmin);
+    return _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *) &utmp[0]));
+}
+
 #ifdef LLMCTL_512
 // For each activation row r, block b into slot u: s[r][u], eight lanes
 // that sum to sum_k scale_k * (codes_k . a_k) (q: a block's unsigned codes,
@@ -80,12 +94,8 @@ static inline __attribute__((always_inline)) void llmctl_rows_ints(
 
 static inline void llmctl_ints(const block_q4_K & x, const block_q8_K * const * y, int b, int n,
                                int u, llmctl_block_ints & t) {
-    uint32_t utmp[4];
-    llmctl_q4k_scales(x, utmp);
-    // each min twice, for one madd against the sixteen 16-element bsums
-    const __m128i m8 = _mm_loadl_epi64((const __m128i *) &utmp[2]);
-    const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
-    const __m128i sc = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *) &utmp[0]));
+    __m256i mins;
+    const __m128i sc = llmctl_q4k_head(x, u, t, mins);
     // pair j: elements 64j..64j+63, the low then the high nibbles of qs[32j..32j+31]
     const __m512i m4 = _mm512_set1_epi8(0xF);
     const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
@@ -96,8 +106,6 @@ static inline void llmctl_ints(const block_q4_K & x, const block_q8_K * const * 
         const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi16(2*j), _mm256_set1_epi16(2*j + 1), 1);
         sv[j] = _mm512_permutexvar_epi16(idx, _mm512_castsi128_si512(sc));
     }
-    t.d0[u] = _cvtsh_ss(x.data.data.d);
-    t.dmin[u] = _cvtsh_ss(x.data.data.dmin);
     llmctl_rows_ints(q4, sv, mins, y, b, n, u, t);
 }
 // Q6_K: codes 0..63 (the stored value + 32); scale k covers elements 16k..16k+15.
@@ -185,13 +193,8 @@ static inline __attribute__((always_inline)) void llmctl_q4k_rows(
 
 static inline void llmctl_ints(const block_q4_K & x, const block_q8_K * const * y, int b, int n,
                                int u, llmctl_block_ints & t) {
-    uint32_t utmp[4];
-    llmctl_q4k_scales(x, utmp);
-    const __m128i m8 = _mm_loadl_epi64((const __m128i *) &utmp[2]);
-    const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
-    const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *) &utmp[0])));
-    t.d0[u] = _cvtsh_ss(x.data.data.d);
-    t.dmin[u] = _cvtsh_ss(x.data.data.dmin);
+    __m256i mins;
+    const __m256i sc = _mm256_broadcastsi128_si256(llmctl_q4k_head(x, u, t, mins));
     llmctl_row_groups([&](auto R, const block_q8_K * const * yr, __m256i * s) __attribute__((always_inline)) {
         llmctl_q4k_rows<decltype(R)::value>(x, sc, yr, b, s);
     }, mins, y, b, n, u, t);
